@@ -1,0 +1,123 @@
+"""Solver status and per-step diagnostics shared by every stepper.
+
+Inside ``jit`` nothing raises: each step returns a :class:`StepInfo` whose ``status``
+says, per ensemble member, whether the step succeeded (like diffrax's ``RESULTS``).
+Checked modes (``rollout(..., checked=True)``, :func:`check`) and the command line turn a
+failure into a :class:`StepFailure` naming the step, the ensemble member and the cause.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["Status", "StepInfo", "StepFailure", "check", "make_info"]
+
+
+class Status(enum.IntEnum):
+    """Outcome of one step (stored as ``int32`` in :attr:`StepInfo.status`).
+
+    ``SUCCESS`` and ``ROTATION_LIMIT`` advance the state; every other code is a failure:
+    the step returns its input state unchanged (never half-advanced) and rollouts keep a
+    failed ensemble member frozen at its last good state.
+    """
+
+    SUCCESS = 0
+    MAX_ITERATIONS = 1  #: Newton did not reach its tolerance within the iteration cap
+    NONFINITE = 2  #: the new state would contain NaN or inf
+    SINGULAR = 3  #: the step's linear system is singular (e.g. mass matrix not definite)
+    ROTATION_LIMIT = 4  #: |omega| dt above the stepper's ``max_rotation`` (state advanced; accuracy lost)
+
+    @property
+    def message(self) -> str:
+        return _MESSAGES[self]
+
+
+_MESSAGES = {
+    Status.SUCCESS: "success",
+    Status.MAX_ITERATIONS: "Newton iteration did not converge within the iteration cap",
+    Status.NONFINITE: "the step produced NaN or inf",
+    Status.SINGULAR: "the step's linear system is singular",
+    Status.ROTATION_LIMIT: "rotation per step |omega|*dt exceeded max_rotation: the gyroscopic term is not resolved, reduce dt",
+}
+
+FAILURES = (Status.MAX_ITERATIONS, Status.NONFINITE, Status.SINGULAR)
+
+
+class StepInfo(eqx.Module):
+    """Diagnostics of one step; every field has the ensemble's batch shape (scalars per body).
+
+    Attributes:
+        status: ``int32``, a :class:`Status` code.
+        iterations: ``int32``, Newton iterations used (1 for the linearly implicit midpoint step).
+        residual: final residual norm of the step's equations (0 where none is iterated), input dtype.
+        rotation: rotation per step ``|omega| * dt`` in rad (the accuracy indicator of every stepper).
+    """
+
+    status: jax.Array
+    iterations: jax.Array
+    residual: jax.Array
+    rotation: jax.Array
+
+    @property
+    def converged(self) -> jax.Array:
+        """``bool``: the step advanced the state (status SUCCESS or ROTATION_LIMIT)."""
+        return (self.status == Status.SUCCESS) | (self.status == Status.ROTATION_LIMIT)
+
+    @property
+    def failed(self) -> jax.Array:
+        return ~self.converged
+
+
+def make_info(status, iterations, residual, rotation) -> StepInfo:
+    """Build a :class:`StepInfo`, casting ``status``/``iterations`` to ``int32``."""
+    return StepInfo(
+        status=jnp.asarray(status, jnp.int32),
+        iterations=jnp.asarray(iterations, jnp.int32),
+        residual=jnp.asarray(residual),
+        rotation=jnp.asarray(rotation),
+    )
+
+
+class StepFailure(RuntimeError):
+    """Raised by checked modes when a step failed or exceeded ``max_rotation``."""
+
+
+def _is_concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def check(info: StepInfo, *, allow_rotation_limit: bool = False) -> StepInfo:
+    """Raise :class:`StepFailure` if any step / ensemble member did not succeed.
+
+    ``info`` may hold one step or a whole rollout (leading time axis, then ensemble axes).
+    Outside ``jit`` the message names the first bad step, the ensemble member, the status
+    and the rotation per step; inside ``jit`` an ``equinox.error_if`` raises at run time.
+
+    Returns ``info`` unchanged (so it can be chained).
+    """
+    bad_codes = list(FAILURES) + ([] if allow_rotation_limit else [Status.ROTATION_LIMIT])
+    if _is_concrete(info.status):
+        status = np.asarray(info.status)
+        bad = np.isin(status, [int(c) for c in bad_codes])
+        if bad.any():
+            idx = tuple(int(i) for i in np.argwhere(bad)[0])
+            code = Status(int(status[idx]))
+            rot = float(np.asarray(info.rotation)[idx])
+            n_bad = int(bad.sum())
+            where = f"index {idx} (leading axis = step for rollouts, then ensemble member)"
+            raise StepFailure(
+                f"rigidjax: {code.name} at {where}: {code.message}. "
+                f"|omega|*dt there = {rot:.3g} rad, iterations = {int(np.asarray(info.iterations)[idx])}. "
+                f"{n_bad} step(s) affected in total."
+            )
+        return info
+    bad = jnp.isin(info.status, jnp.asarray([int(c) for c in bad_codes], jnp.int32))
+    status = eqx.error_if(
+        info.status, bad, "rigidjax: a step failed (see StepInfo.status; Status codes in rigidjax.info)"
+    )
+    return eqx.tree_at(lambda i: i.status, info, status)

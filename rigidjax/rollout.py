@@ -1,0 +1,138 @@
+"""Rollouts of any stepper with ``lax.scan``: compile time does not grow with step count.
+
+Every stepper in rigidjax has the shape ``step(model, state, inputs, dt) -> (state, info)``
+(:func:`rigidjax.midpoint_step`, the Euler-parameter and variational steps, or your own);
+:func:`rollout` runs it over ``n`` steps. Ensembles: ``jax.vmap(rollout-closure)`` over
+models, states and loads. Gradients: ``jax.grad`` through it (reverse mode through the scan).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._util import is_concrete, where_tree
+from .info import FAILURES, StepInfo, check
+
+__all__ = ["Trajectory", "rollout", "check_dt"]
+
+
+class Trajectory(eqx.Module):
+    """Result of :func:`rollout`.
+
+    Attributes:
+        states: the state pytree with a leading time axis of length ``n_steps + 1``
+            (the initial state first); under ``vmap`` the ensemble axis comes first.
+        info: :class:`rigidjax.StepInfo` with a leading time axis of length ``n_steps``.
+    """
+
+    states: Any
+    info: StepInfo
+
+    @property
+    def converged(self) -> jax.Array:
+        """``bool`` per ensemble member: every step advanced the state."""
+        return jnp.all(self.info.converged, axis=0)
+
+
+def check_dt(dt, n_steps: int | None):
+    """Validate ``dt`` (scalar or per-step ``(n_steps,)``) where it is concrete; returns (dt, n)."""
+    dt_arr = jnp.asarray(dt)
+    if dt_arr.ndim == 0:
+        if n_steps is None:
+            raise ValueError("rollout: n_steps is required when dt is a scalar")
+        n = int(n_steps)
+    elif dt_arr.ndim == 1:
+        n = dt_arr.shape[0]
+        if n_steps is not None and int(n_steps) != n:
+            raise ValueError(f"rollout: dt has {n} per-step values but n_steps={n_steps}")
+    else:
+        raise ValueError(f"rollout: dt must be a scalar or a (n_steps,) array of steps; got shape {dt_arr.shape}")
+    if n < 0:
+        raise ValueError(f"rollout: n_steps must be >= 0; got {n}")
+    if is_concrete(dt_arr):
+        d = np.asarray(dt_arr)
+        if not np.all(np.isfinite(d)):
+            raise ValueError(f"rollout: dt contains NaN or inf: {d}")
+        if np.any(d <= 0):
+            raise ValueError(f"rollout: dt must be > 0 s; got min(dt) = {d.min()}")
+    return dt_arr, n
+
+
+def rollout(
+    step: Callable,
+    model,
+    state0,
+    dt,
+    n_steps: int | None = None,
+    loads: Any = None,
+    *,
+    checked: bool = False,
+    allow_rotation_limit: bool = False,
+) -> Trajectory:
+    """Run ``step`` for ``n_steps`` with ``lax.scan``.
+
+    Args:
+        step: ``step(model, state, inputs, dt) -> (state, info)``; options are bound with
+            ``functools.partial`` (e.g. ``partial(midpoint_step, attitude="midpoint")``).
+        model: the model pytree (e.g. :class:`rigidjax.RigidBody`); closed over, differentiable.
+        state0: initial state pytree (e.g. :class:`rigidjax.RigidBodyState`).
+        dt: step in s: a scalar, or an array ``(n_steps,)`` of per-step sizes (non-uniform
+            sample times, e.g. ``jnp.diff(t_measured)``). Must be > 0.
+        n_steps: number of steps (required with a scalar ``dt``).
+        loads: the step's ``inputs``: ``None`` (zero), a pytree whose leaves have a leading
+            axis of length ``n_steps`` (one input per step, held over the step), or a callable
+            ``loads(t, state) -> inputs`` evaluated at the start of each step.
+        checked: after the run, raise :class:`rigidjax.StepFailure` if any step failed
+            (outside ``jit`` with the step and member named; inside via ``equinox.error_if``).
+        allow_rotation_limit: in checked mode, accept ``Status.ROTATION_LIMIT``.
+
+    Returns:
+        :class:`Trajectory` with ``states`` (``n_steps + 1`` along the leading axis) and
+        per-step ``info``. A member whose step fails keeps its last good state for the rest
+        of the rollout and every later ``info.status`` repeats the failure code.
+
+    Raises:
+        ValueError: ``dt <= 0``, NaN ``dt``, inconsistent ``n_steps``/``dt``/``loads`` lengths.
+    """
+    dt_arr, n = check_dt(dt, n_steps)
+    per_step_dt = dt_arr.ndim == 1
+    if loads is not None and not callable(loads):
+        for leaf in jax.tree_util.tree_leaves(loads):
+            if jnp.shape(leaf)[:1] != (n,):
+                raise ValueError(
+                    f"rollout: per-step loads must have a leading axis of length n_steps={n}; got a leaf of shape {jnp.shape(leaf)}"
+                )
+
+    failure_codes = jnp.asarray([int(c) for c in FAILURES], jnp.int32)
+
+    def body(carry, xs):
+        state, fail_code = carry
+        dt_k, load_k = xs
+        if callable(loads):
+            load_k = loads(state.time if hasattr(state, "time") else None, state)
+        new_state, info = step(model, state, load_k, dt_k)
+        failed_before = fail_code != 0
+        new_state = where_tree(failed_before, state, new_state)
+        status = jnp.where(failed_before, fail_code, info.status)
+        info = eqx.tree_at(lambda i: i.status, info, status)
+        fail_code = jnp.where(jnp.isin(status, failure_codes), status, 0).astype(jnp.int32)
+        return (new_state, fail_code), (new_state, info)
+
+    xs_dt = dt_arr if per_step_dt else jnp.broadcast_to(dt_arr, (n,))
+    xs_load = None if (loads is None or callable(loads)) else loads
+    fail0 = jnp.zeros(_batch_shape(state0), jnp.int32)
+    _, (states, info) = jax.lax.scan(body, (state0, fail0), (xs_dt, xs_load), length=n)
+    states = jax.tree_util.tree_map(lambda a0, a: jnp.concatenate([a0[None], a], 0), state0, states)
+    if checked:
+        info = check(info, allow_rotation_limit=allow_rotation_limit)
+    return Trajectory(states=states, info=info)
+
+
+def _batch_shape(state) -> tuple[int, ...]:
+    t = getattr(state, "time", None)
+    return jnp.shape(t) if t is not None else ()

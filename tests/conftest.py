@@ -1,0 +1,24 @@
+"""Test configuration: float64 is enabled here, explicitly (the library never flips it)."""
+
+import os
+from pathlib import Path
+
+import jax
+import pytest
+
+jax.config.update("jax_enable_x64", True)
+
+#: The shared measured data (not redistributed with rigidjax): ../shared/data beside the clone.
+SHARED_DATA = Path(os.environ.get("RIGIDJAX_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+RACQUET = SHARED_DATA / "racquet-flips"
+
+
+@pytest.fixture
+def racquet_dir():
+    """Path of the shared racquet recordings; skips with a clear message where absent."""
+    if not RACQUET.is_dir():
+        pytest.skip(
+            f"shared racquet recordings not found at {RACQUET} (they are not redistributed with "
+            "rigidjax; put the shared data beside the clone or set RIGIDJAX_SHARED_DATA)"
+        )
+    return RACQUET
