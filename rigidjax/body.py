@@ -81,7 +81,10 @@ def check_inertia(inertia, name: str = "inertia", rtol: float = 1e-9) -> None:
         raise ValueError(f"{name} contains NaN or inf")
     scale = np.abs(np.trace(J, axis1=-2, axis2=-1))[..., None, None] + 1e-300
     if np.any(np.abs(J - np.swapaxes(J, -1, -2)) > rtol * scale * 10):
-        raise ValueError(f"{name} must be symmetric; got {J.tolist()}")
+        raise ValueError(
+            f"{name} must be symmetric; got {J.tolist()} (a (…, 3, 3) array is read as tensors; "
+            "for the principal moments of exactly 3 bodies pass diagonal tensors, moments[..., None] * jnp.eye(3))"
+        )
     moments = np.linalg.eigvalsh(0.5 * (J + np.swapaxes(J, -1, -2)))
     if np.any(moments <= 0):
         raise ValueError(
@@ -102,7 +105,9 @@ class RigidBody(eqx.Module):
     Args:
         mass: kg, scalar (or batch shape ``(…,)`` for an ensemble of bodies). Must be > 0.
         inertia: kg m^2, principal moments ``(…, 3)`` about the body axes or a full symmetric
-            tensor ``(…, 3, 3)`` in the body frame; stored as the full tensor. Must be
+            tensor ``(…, 3, 3)`` in the body frame; stored as the full tensor. A trailing
+            ``(3, 3)`` is always read as a tensor (so a batch of exactly 3 moment vectors must
+            be passed as diagonal tensors ``moments[..., None] * eye(3)``). Must be
             positive definite and obey the triangle inequality.
         resistance: ``(…, 6, 6)`` matrix ``R`` on the twist ``V = (v_world, omega_body)``,
             resisting wrench ``-R V`` (N s/m, N s, N m s); may couple translation and rotation.

@@ -91,6 +91,12 @@ def _is_concrete(x) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
+def failure_mask(status: jax.Array, allow_rotation_limit: bool = False) -> jax.Array:
+    """``bool`` array: where ``status`` is a failure (and ROTATION_LIMIT unless allowed)."""
+    codes = list(FAILURES) + ([] if allow_rotation_limit else [Status.ROTATION_LIMIT])
+    return jnp.isin(status, jnp.asarray([int(c) for c in codes], jnp.int32))
+
+
 def check(info: StepInfo, *, allow_rotation_limit: bool = False) -> StepInfo:
     """Raise :class:`StepFailure` if any step / ensemble member did not succeed.
 
@@ -116,7 +122,7 @@ def check(info: StepInfo, *, allow_rotation_limit: bool = False) -> StepInfo:
                 f"{n_bad} step(s) affected in total."
             )
         return info
-    bad = jnp.isin(info.status, jnp.asarray([int(c) for c in bad_codes], jnp.int32))
+    bad = failure_mask(info.status, allow_rotation_limit)
     status = eqx.error_if(
         info.status, bad, "rigidjax: a step failed (see StepInfo.status; Status codes in rigidjax.info)"
     )

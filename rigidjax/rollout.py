@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._util import is_concrete, where_tree
-from .info import FAILURES, StepInfo, check
+from .info import FAILURES, StepInfo, check, failure_mask
 
 __all__ = ["Trajectory", "rollout", "check_dt"]
 
@@ -35,7 +35,12 @@ class Trajectory(eqx.Module):
 
     @property
     def converged(self) -> jax.Array:
-        """``bool`` per ensemble member: every step advanced the state."""
+        """``bool``: every step of this (un-vmapped) rollout advanced the state.
+
+        Reduces over the leading time axis, so it holds one flag per member of a batched
+        state. For an ensemble made with ``jax.vmap(rollout)`` the time axis is axis 1: use
+        ``traj.info.converged.all(axis=1)``.
+        """
         return jnp.all(self.info.converged, axis=0)
 
 
@@ -129,7 +134,14 @@ def rollout(
     _, (states, info) = jax.lax.scan(body, (state0, fail0), (xs_dt, xs_load), length=n)
     states = jax.tree_util.tree_map(lambda a0, a: jnp.concatenate([a0[None], a], 0), state0, states)
     if checked:
-        info = check(info, allow_rotation_limit=allow_rotation_limit)
+        if is_concrete(info.status):
+            check(info, allow_rotation_limit=allow_rotation_limit)  # raises, naming step and member
+        else:
+            # inside jit: guard every output leaf, so the runtime check cannot be pruned
+            bad = jnp.any(failure_mask(info.status, allow_rotation_limit))
+            msg = "rigidjax: a step failed in a checked rollout (see StepInfo.status; Status codes in rigidjax.info)"
+            states = jax.tree_util.tree_map(lambda a: eqx.error_if(a, bad, msg), states)
+            info = jax.tree_util.tree_map(lambda a: eqx.error_if(a, bad, msg), info)
     return Trajectory(states=states, info=info)
 
 
