@@ -56,6 +56,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from scipy.spatial.transform import Rotation
 
 from . import so3
 from .body import RigidBody, RigidBodyState
@@ -428,7 +429,9 @@ class _Problems:
         """x (na, P) for problems ``rows`` (na,) -> cost (na,), A (na,P,P), g (na,P), ok (na,), rss (na,S)."""
         na = x.shape[0]
         sh = x[:, : self.n_sh]
-        vals, Tsh = (np.asarray(v, float) for v in self.map(jnp.asarray(sh, self.dtype)))
+        bucket = max(64, 1 << (na - 1).bit_length())  # few batch sizes: few compilations
+        sh_pad = np.concatenate([sh, np.repeat(sh[-1:], bucket - na, 0)])
+        vals, Tsh = (np.asarray(v, float)[:na] for v in self.map(jnp.asarray(sh_pad, self.dtype)))
         loc = x[:, self.idx]  # (na, S, n_loc)
         w0 = loc[:, :, self.n_sh + self.n_b :]
         m_parts = [np.broadcast_to(vals[:, None, :], (na, self.S, self.nID)), w0]
@@ -554,22 +557,92 @@ def _lm(prob: _Problems, x0, rows, max_steps: int, state=None, progress=None):
     return st
 
 
-def _initial(spec: _Spec, n_sh: int, w0s: np.ndarray, starts: int, seed: int, n_b: int, G: int) -> np.ndarray:
-    """(starts, P) latent starting points. Start 0: a sphere with sensor-aligned axes; others:
-    random second moments (and, for a tensor, random axes). omega0 starts at the first sample."""
+def _equation_error_guess(segs: list[Segment], spec: _Spec):
+    """Linear (equation-error) estimate of inertia and drag, up to scale: the smallest right
+    singular vector of the stacked Euler equations ``I w' + w x I w + D w = 0`` with ``w'`` from
+    central differences of the measured rates. A robust starting point for the nonlinear fit
+    (it avoids the wrong basins a multi-start alone can miss). Returns (moments (3,), R (3,3),
+    drag (n_drag,)) with trace(I) = 2."""
+    rows = []
+    for s in segs:
+        if s.n < 3:
+            continue
+        w = s.omega[1:-1]
+        wd = (s.omega[2:] - s.omega[:-2]) / (s.t[2:] - s.t[:-2])[:, None]
+        cols = []
+        # unknowns: inertia components (diag: xx, yy, zz; tensor: + xy, xz, yz), then drag
+        basis = [np.diag(e) for e in np.eye(3)]
+        if spec.tensor:
+            for i, j in ((0, 1), (0, 2), (1, 2)):
+                E = np.zeros((3, 3))
+                E[i, j] = E[j, i] = 1
+                basis.append(E)
+        for E in basis:
+            cols.append(wd @ E.T + np.cross(w, w @ E.T))
+        if spec.drag == "isotropic":
+            cols.append(w)
+        elif spec.drag == "diagonal":
+            for k in range(3):
+                c = np.zeros_like(w)
+                c[:, k] = w[:, k]
+                cols.append(c)
+        rows.append(np.stack(cols, -1).reshape(-1, len(cols)))
+    A = np.concatenate(rows)
+    colscale = np.linalg.norm(A, axis=0) + 1e-300
+    _, _, Vt = np.linalg.svd(A / colscale, full_matrices=False)
+    v = Vt[-1] / colscale
+    nI = 6 if spec.tensor else 3
+    J = np.diag(v[:3])
+    if spec.tensor:
+        J[0, 1] = J[1, 0] = v[3]
+        J[0, 2] = J[2, 0] = v[4]
+        J[1, 2] = J[2, 1] = v[5]
+    if np.trace(J) < 0:
+        J, v = -J, -v
+    tr = np.trace(J)
+    if not np.isfinite(tr) or tr <= 0:
+        return None
+    J, d = 2 * J / tr, 2 * v[nI:] / tr
+    moments, R = np.linalg.eigh(J) if spec.tensor else (np.diag(J), np.eye(3))
+    if np.linalg.det(R) < 0:
+        R[:, 0] = -R[:, 0]
+    return moments, R, np.maximum(d, 0)
+
+
+def _moments_to_s(moments):
+    """Principal moments -> latent s (|s| = 1) via second moments, clipped to physical values."""
+    L = np.maximum(0.5 * np.sum(moments) - np.asarray(moments), 1e-3 * np.sum(np.abs(moments)) + 1e-12)
+    s = np.sqrt(L)
+    return s / np.linalg.norm(s)
+
+
+def _initial(spec: _Spec, n_sh: int, segs: list[Segment], starts: int, seed: int, n_b: int, G: int) -> np.ndarray:
+    """(starts, P) latent starting points. Start 0: the equation-error estimate; start 1: a
+    sphere with sensor-aligned axes; others random second moments (and axes, for a tensor).
+    omega0 starts at the first sample."""
     rng = np.random.default_rng(seed)
+    w0s = np.stack([s.omega[0] for s in segs])
     S = w0s.shape[0]
     x0 = np.zeros((starts, n_sh + G * n_b + 3 * S))
+    guess = _equation_error_guess(segs, spec)
     for k in range(starts):
         s = np.full(3, 1 / np.sqrt(3))
-        if k > 0:
+        phi = np.zeros(3)
+        d = np.full(spec.n_drag, 0.03)  # c = 1e-3 in the trace(I) = 2 gauge
+        if k == 0 and guess is not None:
+            moments, R, dg = guess
+            s = _moments_to_s(moments)
+            phi = Rotation.from_matrix(R).as_rotvec()
+            d = np.sqrt(np.maximum(dg, 1e-6))
+        elif k > 1 or (k == 0 and guess is None):
             s = np.abs(rng.normal(size=3)) + 0.05
             s /= np.linalg.norm(s)
+            phi = rng.normal(size=3) * (0.3 if k % 2 else 1.5)
         parts = [s]
         if spec.tensor:
-            parts.append(np.zeros(3) if k == 0 else rng.normal(size=3) * (0.3 if k % 2 else 1.5))
+            parts.append(phi)
         if spec.drag:
-            parts.append(np.full(spec.n_drag, 0.03))  # c = 1e-3 in the trace(I) = 2 gauge
+            parts.append(d)
         x0[k, :n_sh] = np.concatenate(parts)
         x0[k, n_sh + G * n_b :] = w0s.reshape(-1)
     return x0
@@ -963,7 +1036,7 @@ def fit_inertia(
     # ---- optimise (latent coordinates): multi-start phase, then the best start to convergence
     if joint:
         G = max(groups) + 1
-        x0 = _initial(spec, n_lat, w0s, starts, seed, spec.n_bias, G)
+        x0 = _initial(spec, n_lat, segs, starts, seed, spec.n_bias, G)
         lat = _Problems(spec, data, np.tile(np.arange(len(segs)), (starts, 1)), groups, latent=True, chunk=chunk)
         st = _lm(lat, x0, np.arange(starts), phase1_steps, progress=tick)
         best = int(np.argmin(np.where(st["ok"], st["cost"], np.inf)))
@@ -976,7 +1049,7 @@ def fit_inertia(
         oks = st["ok"]
     else:
         n = len(segs)
-        x0 = np.concatenate([_initial(spec, n_lat, w0s[i : i + 1], starts, seed, spec.n_bias, 1) for i in range(n)])
+        x0 = np.concatenate([_initial(spec, n_lat, segs[i : i + 1], starts, seed, spec.n_bias, 1) for i in range(n)])
         seg_ids = np.repeat(np.arange(n), starts)[:, None]
         lat = _Problems(spec, data, seg_ids, [0], latent=True, chunk=chunk)
         st = _lm(lat, x0, np.arange(n * starts), phase1_steps, progress=tick)
@@ -988,8 +1061,11 @@ def fit_inertia(
         xs, statuses, iters, oks = st["x"], st["status"], st["it"], st["ok"]
 
     # ---- report: reported (physical) coordinates, Gauss-Newton covariance there
+    nxs = xs.shape[0]
+    bucket = max(64, 1 << (nxs - 1).bit_length())
+    lat_pad = np.concatenate([xs[:, :n_lat], np.repeat(xs[-1:, :n_lat], bucket - nxs, 0)])
     x_phys = np.concatenate(
-        [np.asarray(maps["lat_to_phys"](jnp.asarray(xs[:, :n_lat], dtype)), float), xs[:, n_lat:]], axis=1
+        [np.asarray(maps["lat_to_phys"](jnp.asarray(lat_pad, dtype)), float)[:nxs], xs[:, n_lat:]], axis=1
     )
     seg_ids = np.asarray([p_[0] for p_ in problems])
     phy = _Problems(spec, data, seg_ids, problems[0][1], latent=False, chunk=chunk)
