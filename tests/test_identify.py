@@ -1,0 +1,193 @@
+"""Inertia identification against independent truths: recordings synthesised by a tight SciPy
+(DOP853) solve of Euler's equations with drag, gyroscope noise and bias (rigidjax.synthetic),
+written in phyphox's layout and read back by rigidjax.io; the exact Jacobi-elliptic solution
+(rigidjax.reference) for the model's convergence order.
+
+Compilation budget: two model configurations only (principal moments; full tensor + drag +
+bias), every recording padded to the same 128 samples, so each compiles once per session.
+"""
+
+import functools
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rigidjax.body import RigidBody, RigidBodyState
+from rigidjax.identify import FitError, decoupled_midpoint_step, fit_inertia, simulate_omega
+from rigidjax.io import DataError, Segment, load_phyphox
+from rigidjax.midpoint import midpoint_step
+from rigidjax.reference import torque_free_omega
+from rigidjax.rollout import rollout
+from rigidjax.synthetic import synthesize_recording
+
+# 1.1 s tosses at 100 Hz: ~106 samples, padded to 128 like the real flips (one compilation)
+TOSS = dict(toss_duration=1.1, rest=0.3)
+
+
+def _z(fit, truth, key):
+    return (fit.estimates[key] - truth[key]) / fit.uncertainties[key]
+
+
+@pytest.fixture(scope="module")
+def racquet(tmp_path_factory):
+    """Racquet-like body, principal axes 3 deg off the sensor axes (non-diagonal tensor in
+    sensor axes), drag, bias, 0.01 rad/s noise."""
+    d = tmp_path_factory.mktemp("racquet recording")
+    truth = synthesize_recording(d, n_tosses=3, seed=1, **TOSS)
+    return truth, load_phyphox(d)
+
+
+@pytest.fixture(scope="module")
+def lamina(tmp_path_factory):
+    """Thin plate: I3 = I1 + I2 exactly (the triangle-inequality equality case), axes aligned,
+    no drag, no bias; tosses about the intermediate axis (y)."""
+    d = tmp_path_factory.mktemp("lamina")
+    truth = synthesize_recording(
+        d, moments=(1e-2, 2e-2, 3e-2), misalignment=(0, 0, 0), drag=0.0, bias=(0, 0, 0),
+        n_tosses=3, spin_axis=1, spin=(5.0, 7.0), seed=2, **TOSS,
+    )
+    return truth, load_phyphox(d)
+
+
+@pytest.fixture(scope="module")
+def racquet_full(racquet):
+    truth, segs = racquet
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a converged fit warns about nothing
+        fit = fit_inertia(segs, tensor=True, drag="isotropic", bias=True, joint=True, starts=3, scale=("Iy", truth["Iy"]))
+    return truth, fit
+
+
+def test_recovers_non_diagonal_tensor_drag_and_bias(racquet_full):
+    truth, fit = racquet_full
+    assert fit.converged and fit.mode == "joint"
+    # data made by a different integrator with 0.01 rad/s noise: the residual is the noise
+    assert 0.009 < fit.rms < 0.011
+    for key in ("Ix/Iy", "Iz/Iy", "Ixy/Iy", "Ixz/Iy", "Iyz/Iy", "drag/Iy", "Ix", "Iz", "drag"):
+        # within 4 standard errors of the noise-implied (Gauss-Newton) uncertainty...
+        assert abs(_z(fit, truth, key)) < 4, (key, fit.estimates[key], truth[key], fit.uncertainties[key])
+    for key in ("Ix/Iy", "Iz/Iy"):
+        # ...and those errors are small: the ratios are determined to better than 1 %
+        assert fit.uncertainties[key] < 0.01 * truth[key]
+    assert abs(fit.estimates["Ixy/Iy"] - truth["Ixy/Iy"]) < 0.02  # the misalignment is resolved
+    bias = np.array(fit.segments[0]["bias"])
+    bias_se = np.array(fit.segments[0]["bias_se"])
+    assert np.all(np.abs(bias - truth["bias"]) < 4 * bias_se)
+    # physical by construction: principal moments positive, triangle inequality
+    moments = np.linalg.eigvalsh(fit._model["inertia"][0])
+    assert moments.min() > 0 and moments.max() <= moments.sum() - moments.max() + 1e-12
+
+
+def test_table_and_json_ready(racquet_full):
+    truth, fit = racquet_full
+    fit.truth = {k: v for k, v in truth.items() if isinstance(v, float)}
+    text = fit.table()
+    assert "joint estimate over 3 segment(s)" in text and "Ix/Iy" in text and "truth" in text
+    d = fit.to_dict()
+    import json
+
+    json.dumps(d, allow_nan=False)
+    assert d["estimates"]["Ix/Iy"] == fit.estimates["Ix/Iy"] and len(d["segments"]) == 3
+    t, measured, fitted = fit.predict(1)
+    assert measured.shape == fitted.shape == (len(t), 3)
+    assert np.sqrt(np.mean((measured - fitted) ** 2)) < 0.011
+
+
+@pytest.fixture(scope="module")
+def lamina_fits(lamina):
+    truth, segs = lamina
+    joint = fit_inertia(segs, joint=True, starts=2)
+    per = fit_inertia(segs, joint=False, starts=2)
+    return truth, joint, per
+
+
+def test_thin_lamina_equality_case(lamina_fits):
+    truth, joint, per = lamina_fits
+    assert truth["Ix/Iy"] == pytest.approx(0.5) and truth["Iz/Iy"] == pytest.approx(1.5)
+    assert joint.converged and 0.009 < joint.rms < 0.011
+    for key in ("Ix/Iy", "Iz/Iy"):
+        assert abs(_z(joint, truth, key)) < 4, (key, joint.estimates[key], joint.uncertainties[key])
+        assert joint.uncertainties[key] < 2e-3  # finite, small errors on the boundary of the valid set
+    # the estimate is physical: Iz <= Ix + Iy (relative to Iy: Iz/Iy <= Ix/Iy + 1), up to round-off
+    assert joint.estimates["Iz/Iy"] <= joint.estimates["Ix/Iy"] + 1 + 1e-9
+
+
+def test_joint_and_per_segment_agree(lamina_fits):
+    truth, joint, per = lamina_fits
+    assert per.converged and per.mode == "per-segment" and len(per.segments) == 3
+    for key in ("Ix/Iy", "Iz/Iy"):
+        values = np.array([s["estimates"][key] for s in per.segments])
+        errors = np.array([s["se"][key] for s in per.segments])
+        # each toss alone is consistent with the truth, with larger errors than the joint fit
+        assert np.all(np.abs(values - truth[key]) < 4 * errors)
+        assert np.all(errors > joint.uncertainties[key])
+        assert per.estimates[key] == pytest.approx(np.median(values))
+        assert per.combined["all"][key]["n"] == 3
+
+
+def test_substeps_converge_at_second_order():
+    # the model's error against the exact elliptic solution falls 4x per halving of the step
+    inertia = np.array([1.0, 2.0, 3.0])
+    w0 = np.array([0.05, 4.0, 0.1])
+    t = np.linspace(0.0, 1.5, 121)
+    exact = torque_free_omega(inertia, w0, t)
+    f = jax.jit(functools.partial(simulate_omega, inertia, w0), static_argnames="substeps")
+    errs = [float(np.max(np.abs(np.asarray(f(t, substeps=k)[0]) - exact))) for k in (1, 2, 4)]
+    assert errs[0] > errs[1] > errs[2]
+    # observed order log2(e_k / e_2k) = 2 within 0.1 (asymptotic regime at |omega| dt <= 0.05)
+    assert np.log2(errs[0] / errs[1]) == pytest.approx(2, abs=0.1)
+    assert np.log2(errs[1] / errs[2]) == pytest.approx(2, abs=0.1)
+
+
+def test_decoupled_step_matches_midpoint_step():
+    # the closed-form 3x3 block solve is the seed's 6x6 step when resistance is block-diagonal
+    R = jnp.diag(jnp.array([0.3, 0.2, 0.1, 2e-3, 1e-3, 3e-3]))
+    body = RigidBody(1.3, jnp.array([[2.0, 0.1, 0.0], [0.1, 1.0, 0.2], [0.0, 0.2, 2.5]]), resistance=R, gravity=jnp.array([0, 0, -9.81]))
+    s0 = RigidBodyState(velocity=jnp.array([1.0, 0.0, 3.0]), angular_velocity=jnp.array([0.2, 5.0, 0.3]))
+    wrench = jnp.tile(jnp.array([0.1, 0.0, 0.0, 0.01, 0.0, -0.02]), (30, 1))
+    for attitude in ("new", "midpoint"):
+        a = rollout(functools.partial(midpoint_step, attitude=attitude), body, s0, 0.01, 30, loads=wrench)
+        b = rollout(functools.partial(decoupled_midpoint_step, attitude=attitude), body, s0, 0.01, 30, loads=wrench)
+        for name in ("position", "orientation", "velocity", "angular_velocity", "time"):
+            # same algorithm, two linear solvers: agreement to round-off (float64)
+            np.testing.assert_allclose(getattr(b.states, name), getattr(a.states, name), rtol=0, atol=1e-12)
+        np.testing.assert_array_equal(b.info.status, a.info.status)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_bad_input_clear_errors(lamina, tmp_path):
+    truth, segs = lamina
+    with pytest.raises(FitError, match="no segments"):
+        fit_inertia([])
+    short = Segment(segs[0].t[:3], segs[0].omega[:3], name="short one")
+    with pytest.raises(FitError, match=r"short one.*3 samples x 3 = 9 values cannot determine the 12 parameters"):
+        fit_inertia([short], tensor=True, drag="isotropic", bias=True)
+    with pytest.raises(DataError, match="at least 2 samples"):  # an empty window
+        fit_inertia((np.zeros(0), np.zeros((0, 3))))
+    omega = segs[0].omega.copy()
+    omega[5, 1] = np.nan
+    with pytest.raises(DataError, match="omega has NaN or inf at sample 5"):
+        fit_inertia((segs[0].t, omega))
+    bad = tmp_path / "bad.csv"
+    bad.write_text("time,wx,wy,wz\n0,1,2,3\n0.01,1,2,3\n")
+    with pytest.raises(DataError, match=r"bad.csv, line 1: missing column\(s\) \['t'\]"):
+        fit_inertia(bad)
+    with pytest.raises(FitError, match="drag must be one of"):
+        fit_inertia(segs, drag="quadratic")
+    with pytest.raises(FitError, match="scale: key must be one of"):
+        fit_inertia(segs, scale="Iq=1")
+    with pytest.raises(FitError, match="scale: Iy must be a positive number"):
+        fit_inertia(segs, scale="Iy=-1")
+
+
+def test_non_convergence_is_reported(lamina):
+    truth, segs = lamina
+    with pytest.warns(UserWarning, match="did not converge.*max_steps"):
+        fit = fit_inertia(segs[:1], starts=1, phase1_steps=1, max_steps=1)
+    assert not fit.converged and fit.segments[0]["status"] == "max_steps"
+    assert "did not converge" in fit.status
