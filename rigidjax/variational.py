@@ -17,14 +17,16 @@ configuration variables split into *dynamic* ones (integrated) and *kinematic* o
     f_d^- = \Delta t\, f\Big(\tfrac{q_1+q_2}{2}, \tfrac{q_2-q_1}{\Delta t}, u_1, \tfrac{t_1+t_2}{2}\Big),
     \quad f_d^+ = 0,
 
-one step solves the constrained discrete Euler-Lagrange (DEL) equation for ``(q_2, lambda_1)``
+(trep's choice, ``forcing_split="left"``; ``"symmetric"`` puts ``dt f / 2`` on each side, which
+keeps second order with forcing: with ``"left"`` the force acts half a step late, a first-order
+error), one step solves the constrained discrete Euler-Lagrange (DEL) equation for ``(q_2, lambda_1)``
 (dynamic rows only; the kinematic entries of ``q_2`` are ``rho``):
 
 .. math::
 
     p_1 + D_1 L_d(q_1, q_2) + f_d^- - Dh(q_1)^T \lambda_1 = 0, \qquad h(q_2) = 0,
 
-then sets ``p_2 = D_2 L_d(q_1, q_2)``. The constraint force of the continuous system is
+then sets ``p_2 = D_2 L_d(q_1, q_2) + f_d^+``. The constraint force of the continuous system is
 ``-Dh(q)^T lambda_c`` with ``lambda_c ≈ lambda_1 / dt``: the discrete multiplier is an
 *impulse* (N s for a length constraint), the time integral of the constraint force over a step.
 
@@ -401,10 +403,10 @@ def _velocity_batch(system, q, p, qdot_guess, t):
     return jax.vmap(lambda a, b, c, d: _solve_velocity(system, a, b, c, d))(q, p, qdot_guess, t)
 
 
-@jax.jit
-def _d2_batch(system, q0, q1, t0, dt):
-    fn = lambda a, b, c, s: _dyn(system, jax.grad(discrete_lagrangian, argnums=2)(system, a, b, c, c + s))
-    return jax.vmap(fn)(q0, q1, t0, dt)
+@functools.partial(jax.jit, static_argnums=0)
+def _d2_batch(forcing_split, system, q0, q1, t0, dt, u):
+    fn = lambda a, b, c, s, uu: _new_momentum(system, a, b, uu, c, c + s, forcing_split)
+    return jax.vmap(fn)(q0, q1, t0, dt, u)
 
 
 @jax.jit
@@ -469,17 +471,18 @@ def vi_state(system: MechanicalSystem, q, qdot=None, *, p=None, t=0.0, check: bo
     return VIState(time=t, q=q, p=p, lam=lam, qdot=qdot)
 
 
-def vi_state_from_configs(system: MechanicalSystem, q0, q1, dt, *, t0=0.0, u=None, check: bool = True) -> VIState:
+def vi_state_from_configs(
+    system: MechanicalSystem, q0, q1, dt, *, t0=0.0, u=None, forcing_split: str = "left", check: bool = True
+) -> VIState:
     r"""Initial :class:`VIState` at ``t1 = t0 + dt`` from two configurations (trep's ``initialize_from_configs``).
 
-    ``p_1 = D_2 L_d(q_0, q_1, t_0, t_1)`` (``f_d^+ = 0``), ``qdot = (q_1 - q_0)/dt``, ``lam = 0``.
-    ``q0``, ``q1`` ``(…, n)``; ``dt`` > 0 s. ``u`` is unused by the midpoint rule's ``f_d^+ = 0``
-    and accepted for symmetry with trep.
+    ``p_1 = D_2 L_d(q_0, q_1, t_0, t_1) + f_d^+`` (``f_d^+ = 0`` for trep's ``"left"`` split, else
+    ``dt f / 2`` with the input ``u`` of the step ``q0 -> q1``), ``qdot = (q_1 - q_0)/dt``, ``lam = 0``.
+    ``q0``, ``q1`` ``(…, n)``; ``dt`` > 0 s; ``forcing_split`` as in :func:`vi_step`.
 
     Raises:
         ValueError: shapes, ``dt <= 0``, or either configuration violating ``h(q) = 0``.
     """
-    del u
     q0 = _float(q0, "q0")
     q1 = _float(q1, "q1", q0.dtype)
     _check_last(q0, system.n_config, "q0")
@@ -494,7 +497,10 @@ def vi_state_from_configs(system: MechanicalSystem, q0, q1, dt, *, t0=0.0, u=Non
     if check:
         _validate_state(system, q0, jnp.zeros_like(q0), t0, "vi_state_from_configs (q0)")
         _validate_state(system, q1, jnp.zeros_like(q1), t0 + dt, "vi_state_from_configs (q1)")
-    p = _flat_call(_d2_batch, q0.shape[:-1], system, q0, q1, t0, dt)
+    u, _ = _split_inputs(system, (u, jnp.zeros(system.n_kinematic, q0.dtype)) if system.kinematic else u, q0.dtype, "vi_state_from_configs")
+    _check_split(forcing_split)
+    u = jnp.broadcast_to(u, (*q0.shape[:-1], system.n_inputs))
+    p = _flat_call(functools.partial(_d2_batch, forcing_split), q0.shape[:-1], system, q0, q1, t0, dt, u)
     lam = jnp.zeros((*q0.shape[:-1], system.n_constraints), q0.dtype)
     return VIState(time=t0 + dt, q=q1, p=p, lam=lam, qdot=qdot)
 
@@ -508,13 +514,29 @@ def discrete_lagrangian(system: MechanicalSystem, q1, q2, t1, t2) -> jax.Array:
     return dt * system.lagrangian(0.5 * (q1 + q2), (q2 - q1) / dt, 0.5 * (t1 + t2))
 
 
+_SPLITS = ("left", "symmetric")
+
+
+def _check_split(forcing_split):
+    if forcing_split not in _SPLITS:
+        raise ValueError(f"forcing_split must be one of {_SPLITS}; got {forcing_split!r}")
+
+
 def _discrete_forcing(system, q1, q2, u, t1, t2):
-    """``f_d^- = dt f(midpoint, (q2-q1)/dt, u, t_mid)`` (n,); ``f_d^+ = 0``."""
+    """``dt f(midpoint, (q2-q1)/dt, u, t_mid)`` (n,), the whole discrete force impulse of the step."""
     dt = t2 - t1
     return dt * system.forcing(0.5 * (q1 + q2), (q2 - q1) / dt, u, 0.5 * (t1 + t2))
 
 
-def del_residual(system: MechanicalSystem, x, q1, p1, u, rho, t1, dt) -> jax.Array:
+def _forcing_minus_plus(system, q1, q2, u, t1, t2, forcing_split):
+    """``(f_d^-, f_d^+)``: trep's ``(dt f, 0)`` ("left") or ``(dt f / 2, dt f / 2)`` ("symmetric")."""
+    f = _discrete_forcing(system, q1, q2, u, t1, t2)
+    if forcing_split == "left":
+        return f, jnp.zeros_like(f)
+    return 0.5 * f, 0.5 * f
+
+
+def del_residual(system: MechanicalSystem, x, q1, p1, u, rho, t1, dt, forcing_split: str = "left") -> jax.Array:
     r"""Residual ``(n_dynamic + n_constraints,)`` of the constrained DEL equation.
 
     ``x = (q2_dynamic, lambda1)``; returns ``(p1 + D1 L_d + f_d^- - Dh(q1)^T lambda1)_dynamic``
@@ -525,7 +547,7 @@ def del_residual(system: MechanicalSystem, x, q1, p1, u, rho, t1, dt) -> jax.Arr
     q2 = _assemble(system, x[:nd], rho)
     lam = x[nd:]
     D1 = jax.grad(discrete_lagrangian, argnums=1)(system, q1, q2, t1, t2)
-    fd = _discrete_forcing(system, q1, q2, u, t1, t2)
+    fd, _ = _forcing_minus_plus(system, q1, q2, u, t1, t2, forcing_split)
     r = p1 + _dyn(system, D1 + fd)
     if system.n_constraints:
         Dh1 = jax.jacfwd(system.constraints)(q1)
@@ -589,9 +611,9 @@ def _default_tol(dtype, rtol, atol):
     return rtol, atol
 
 
-def _solve_del(system, q1, p1, u, rho, t1, dt, guess, rtol, atol, max_iter):
+def _solve_del(system, q1, p1, u, rho, t1, dt, guess, rtol, atol, max_iter, forcing_split):
     """Differentiable DEL solve (implicit function theorem via lax.custom_root): x, aux."""
-    F = lambda x: del_residual(system, x, q1, p1, u, rho, t1, dt)
+    F = lambda x: del_residual(system, x, q1, p1, u, rho, t1, dt, forcing_split)
 
     def solve(f, x0):
         x, aux = _newton(f, x0, rtol, atol, max_iter)
@@ -631,16 +653,22 @@ def _split_inputs(system, inputs, dtype, where="vi_step"):
     return u, rho
 
 
-def _step_single(system, state, u, rho, dt, rtol, atol, max_iter):
+def _new_momentum(system, q1, q2, u, t1, t2, forcing_split):
+    """``p2 = D2 L_d(q1, q2) + f_d^+`` (dynamic rows)."""
+    D2 = jax.grad(discrete_lagrangian, argnums=2)(system, q1, q2, t1, t2)
+    _, fplus = _forcing_minus_plus(system, q1, q2, u, t1, t2, forcing_split)
+    return _dyn(system, D2 + fplus)
+
+
+def _step_single(system, state, u, rho, dt, rtol, atol, max_iter, forcing_split):
     q1, p1, t1 = state.q, state.p, state.time
     nd = system.n_dynamic
     guess = jnp.concatenate([_dyn(system, q1 + dt * state.qdot), state.lam])
-    x, aux = _solve_del(system, q1, p1, u, rho, t1, dt, guess, rtol, atol, max_iter)
+    x, aux = _solve_del(system, q1, p1, u, rho, t1, dt, guess, rtol, atol, max_iter, forcing_split)
     t2 = t1 + dt
     q2 = _assemble(system, x[:nd], rho)
     lam = x[nd:]
-    D2 = jax.grad(discrete_lagrangian, argnums=2)(system, q1, q2, t1, t2)
-    p2 = _dyn(system, D2).astype(p1.dtype)
+    p2 = _new_momentum(system, q1, q2, u, t1, t2, forcing_split).astype(p1.dtype)
     new = VIState(time=t2, q=q2, p=p2, lam=lam, qdot=(q2 - q1) / dt)
     finite = jnp.all(jnp.isfinite(q2)) & jnp.all(jnp.isfinite(p2)) & jnp.all(jnp.isfinite(lam))
     status = jnp.where(
@@ -649,7 +677,7 @@ def _step_single(system, state, u, rho, dt, rtol, atol, max_iter):
         jnp.where(~finite, Status.NONFINITE, jnp.where(aux.converged, Status.SUCCESS, Status.MAX_ITERATIONS)),
     )
     ok = status == Status.SUCCESS
-    residual = jnp.linalg.norm(del_residual(system, jax.lax.stop_gradient(x), q1, p1, u, rho, t1, dt))
+    residual = jnp.linalg.norm(del_residual(system, jax.lax.stop_gradient(x), q1, p1, u, rho, t1, dt, forcing_split))
     rot = (system.rotation(q1, q2) if system.rotation is not None else jnp.zeros((), q1.dtype)).astype(q1.dtype)
     out = where_tree(ok, new, state)
     return out, make_info(status, aux.iterations, jax.lax.stop_gradient(residual), jax.lax.stop_gradient(rot))
@@ -664,6 +692,7 @@ def vi_step(
     rtol: float | None = None,
     atol: float | None = None,
     max_iter: int = 20,
+    forcing_split: str = "left",
 ) -> tuple[VIState, StepInfo]:
     r"""One step of the midpoint variational integrator. Pure, jit-able, vmap-able, differentiable.
 
@@ -679,6 +708,10 @@ def vi_step(
             ``eps^(2/3)`` of the dtype (3.7e-11 in float64, 2.5e-5 in float32) — after that
             final update the error is at round-off (quadratic convergence).
         max_iter: Newton iteration cap.
+        forcing_split: ``"left"`` (trep's midpoint rule: ``f_d^- = dt f``, ``f_d^+ = 0``;
+            second order without forcing but FIRST order in the forcing, the force acting half
+            a step late) or ``"symmetric"`` (``f_d^- = f_d^+ = dt f / 2``: second order with
+            forcing, e.g. damping or inputs). Unforced systems give identical results.
 
     Returns:
         ``(new_state, info)``. ``info.status``: ``SUCCESS``, ``MAX_ITERATIONS``, ``SINGULAR``
@@ -702,6 +735,7 @@ def vi_step(
         raise ValueError(f"vi_step: state.lam must have shape (…, {system.n_constraints}); got {state.lam.shape}")
     u, rho = _split_inputs(system, inputs, dtype)
     rtol, atol = _default_tol(dtype, rtol, atol)
+    _check_split(forcing_split)
     batch = state.time.shape
     dt = jnp.asarray(dt, dtype)
     if not batch:
@@ -709,14 +743,14 @@ def vi_step(
             raise ValueError(
                 f"vi_step: unbatched state but inputs/dt have batch axes (u {u.shape}, rho {rho.shape}, dt {dt.shape})"
             )
-        return _step_single(system, state, u, rho, dt, rtol, atol, max_iter)
+        return _step_single(system, state, u, rho, dt, rtol, atol, max_iter, forcing_split)
     # ensemble given as a batched state: flatten the batch and vmap the single-member step
     B = int(np.prod(batch))
     flat = lambda a, k: jnp.reshape(jnp.broadcast_to(a, (*batch, *a.shape[a.ndim - k :])), (B, *a.shape[a.ndim - k :]))
     st = VIState(
         time=flat(state.time, 0), q=flat(state.q, 1), p=flat(state.p, 1), lam=flat(state.lam, 1), qdot=flat(state.qdot, 1)
     )
-    fn = jax.vmap(lambda s, uu, rr, hh: _step_single(system, s, uu, rr, hh, rtol, atol, max_iter))
+    fn = jax.vmap(lambda s, uu, rr, hh: _step_single(system, s, uu, rr, hh, rtol, atol, max_iter, forcing_split))
     out, info = fn(st, flat(u, 1), flat(rho, 1), flat(dt, 0))
     unflat = lambda a: jnp.reshape(a, (*batch, *a.shape[1:]))
     return jax.tree_util.tree_map(unflat, out), jax.tree_util.tree_map(unflat, info)
@@ -769,6 +803,7 @@ def discrete_map(
     rtol: float | None = None,
     atol: float | None = None,
     max_iter: int = 20,
+    forcing_split: str = "left",
 ):
     r"""The discrete flow ``(q1, p1, u1, rho) -> (q2, p2, lambda1)`` of one step, differentiable.
 
@@ -788,9 +823,10 @@ def discrete_map(
     dt = jnp.asarray(dt, dtype)
     g = q1 if guess is None else jnp.asarray(guess, dtype)
     x0 = jnp.concatenate([_dyn(system, g), jnp.zeros((system.n_constraints,), dtype)])
-    x, _ = _solve_del(system, q1, p1, u, rho, t1, dt, x0, rtol, atol, max_iter)
+    _check_split(forcing_split)
+    x, _ = _solve_del(system, q1, p1, u, rho, t1, dt, x0, rtol, atol, max_iter, forcing_split)
     q2 = _assemble(system, x[: system.n_dynamic], rho)
-    p2 = _dyn(system, jax.grad(discrete_lagrangian, argnums=2)(system, q1, q2, t1, t1 + dt))
+    p2 = _new_momentum(system, q1, q2, u, t1, t1 + dt, forcing_split)
     return q2, p2, x[system.n_dynamic :]
 
 
@@ -821,6 +857,7 @@ def linearize(
     rtol: float | None = None,
     atol: float | None = None,
     max_iter: int = 20,
+    forcing_split: str = "left",
 ) -> MapDerivatives:
     r"""First (and optionally second) derivatives of ``(q1, p1, u1, rho) -> (q2, p2, lambda1)``.
 
@@ -830,16 +867,28 @@ def linearize(
     """
     dtype = state.q.dtype
     u, rho = _split_inputs(system, inputs, dtype, "linearize")
-    return _linearize(system, state, u, rho, jnp.asarray(dt, dtype), second_order, rtol, atol, max_iter)
+    _check_split(forcing_split)
+    return _linearize(system, state, u, rho, jnp.asarray(dt, dtype), second_order, rtol, atol, max_iter, forcing_split)
 
 
-@functools.partial(jax.jit, static_argnums=(5, 6, 7, 8))
-def _linearize(system, state, u, rho, dt, second_order, rtol, atol, max_iter):
+@functools.partial(jax.jit, static_argnums=(5, 6, 7, 8, 9))
+def _linearize(system, state, u, rho, dt, second_order, rtol, atol, max_iter, forcing_split):
     guess = state.q + dt * state.qdot
 
     def F(q1, p1, u1, r):
         return discrete_map(
-            system, q1, p1, u1, r if system.kinematic else None, t1=state.time, dt=dt, guess=guess, rtol=rtol, atol=atol, max_iter=max_iter
+            system,
+            q1,
+            p1,
+            u1,
+            r if system.kinematic else None,
+            t1=state.time,
+            dt=dt,
+            guess=guess,
+            rtol=rtol,
+            atol=atol,
+            max_iter=max_iter,
+            forcing_split=forcing_split,
         )
 
     args = (state.q, state.p, u, rho)
@@ -870,7 +919,9 @@ def _split_U(system, U):
     return U[..., :nu], U[..., nu:]
 
 
-def state_space_step(system: MechanicalSystem, X, U, t, dt, *, guess=None, rtol=None, atol=None, max_iter: int = 20):
+def state_space_step(
+    system: MechanicalSystem, X, U, t, dt, *, guess=None, rtol=None, atol=None, max_iter: int = 20, forcing_split: str = "left"
+):
     r"""``X(k+1) = F(X(k), U(k))`` with ``X = (q, p)`` (n + n_dynamic,), ``U = (u, rho)`` (n_inputs + n_kinematic,).
 
     Single member, differentiable (implicit function theorem). ``guess``: optional ``q2``
@@ -880,7 +931,18 @@ def state_space_step(system: MechanicalSystem, X, U, t, dt, *, guess=None, rtol=
     q, p = split_state(system, X)
     u, rho = _split_U(system, U)
     q2, p2, _ = discrete_map(
-        system, q, p, u, rho if system.kinematic else None, t1=t, dt=dt, guess=guess, rtol=rtol, atol=atol, max_iter=max_iter
+        system,
+        q,
+        p,
+        u,
+        rho if system.kinematic else None,
+        t1=t,
+        dt=dt,
+        guess=guess,
+        rtol=rtol,
+        atol=atol,
+        max_iter=max_iter,
+        forcing_split=forcing_split,
     )
     return jnp.concatenate([q2, p2])
 
