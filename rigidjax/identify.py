@@ -790,6 +790,11 @@ def _covariance(A, rss_total, m, p):
     return s2 * inv, s2
 
 
+@functools.lru_cache(maxsize=8)
+def _predict_jit(stepper, substeps):
+    return jax.jit(lambda inertia, drag, w0, dt: _simulate(inertia, drag, w0, dt, stepper, substeps))
+
+
 @dataclasses.dataclass
 class InertiaFit:
     """Result of :func:`fit_inertia` (NumPy values; JSON-ready via :meth:`to_dict`).
@@ -834,11 +839,15 @@ class InertiaFit:
         seg = self._data[i]
         t = seg.t if t is None else np.asarray(t, float)
         m = self._model
-        w, _ = simulate_omega(
-            m["inertia"][i], m["omega0"][i], t, drag=m["drag"][i], bias=m["bias"][i],
-            stepper=m["stepper"], substeps=self.options["substeps"],
+        k = self.options["substeps"]
+        n_pad = int(64 * math.ceil(len(t) / 64))  # padded like the fit: one compilation
+        d = np.diff(t)
+        dt = np.repeat(np.concatenate([d, np.full(n_pad - len(t), 1e-6 * np.median(d))]) / k, k)
+        dtype = jnp.result_type(float)
+        w, _ = _predict_jit(m["stepper"], k)(
+            *(jnp.asarray(a, dtype) for a in (m["inertia"][i], m["drag"][i], m["omega0"][i], dt))
         )
-        return t, seg.omega, np.asarray(w)
+        return t, seg.omega, np.asarray(w)[: len(t)] + m["bias"][i]
 
     def to_dict(self) -> dict:
         def clean(v):
@@ -971,7 +980,7 @@ def fit_inertia(
         max_steps: Levenberg-Marquardt iterations after the multi-start phase.
         phase1_steps: iterations every start gets before the best is kept.
         chunk: segment simulations per vmapped call (padded, so every call shares one
-            compilation per sample count rounded up to 32).
+            compilation per sample count rounded up to 64).
         progress: optional callable ``progress(n_active)`` called after every iteration with
             the number of problems still iterating.
 
@@ -1019,7 +1028,7 @@ def fit_inertia(
     rot = max(float(np.max(np.linalg.norm(s.omega, axis=1)[:-1] * np.diff(s.t))) for s in segs) / substeps
     if rot > 0.5:
         warnings.warn(f"|omega| dt up to {rot:.2f} rad per step: raise substeps for accuracy", stacklevel=2)
-    n_pad = int(32 * math.ceil(max(s.n for s in segs) / 32))
+    n_pad = int(64 * math.ceil(max(s.n for s in segs) / 64))  # few shapes: few compilations
     data = _pad(segs, spec.substeps, n_pad, np.dtype(dtype))
 
     def info_row(s):

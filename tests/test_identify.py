@@ -18,9 +18,7 @@ import pytest
 from rigidjax.body import RigidBody, RigidBodyState
 from rigidjax.identify import FitError, decoupled_midpoint_step, fit_inertia, simulate_omega
 from rigidjax.io import DataError, Segment, load_phyphox
-from rigidjax.midpoint import midpoint_step
 from rigidjax.reference import torque_free_omega
-from rigidjax.rollout import rollout
 from rigidjax.synthetic import synthesize_recording
 
 # 1.1 s tosses at 100 Hz: ~106 samples, padded to 128 like the real flips (one compilation)
@@ -128,6 +126,7 @@ def test_joint_and_per_segment_agree(lamina_fits):
         assert per.combined["all"][key]["n"] == 3
 
 
+@pytest.mark.slow
 def test_substeps_converge_at_second_order():
     # the model's error against the exact elliptic solution falls 4x per halving of the step
     inertia = np.array([1.0, 2.0, 3.0])
@@ -142,19 +141,41 @@ def test_substeps_converge_at_second_order():
     assert np.log2(errs[1] / errs[2]) == pytest.approx(2, abs=0.1)
 
 
-def test_decoupled_step_matches_midpoint_step():
-    # the closed-form 3x3 block solve is the seed's 6x6 step when resistance is block-diagonal
-    R = jnp.diag(jnp.array([0.3, 0.2, 0.1, 2e-3, 1e-3, 3e-3]))
-    body = RigidBody(1.3, jnp.array([[2.0, 0.1, 0.0], [0.1, 1.0, 0.2], [0.0, 0.2, 2.5]]), resistance=R, gravity=jnp.array([0, 0, -9.81]))
-    s0 = RigidBodyState(velocity=jnp.array([1.0, 0.0, 3.0]), angular_velocity=jnp.array([0.2, 5.0, 0.3]))
-    wrench = jnp.tile(jnp.array([0.1, 0.0, 0.0, 0.01, 0.0, -0.02]), (30, 1))
-    for attitude in ("new", "midpoint"):
-        a = rollout(functools.partial(midpoint_step, attitude=attitude), body, s0, 0.01, 30, loads=wrench)
-        b = rollout(functools.partial(decoupled_midpoint_step, attitude=attitude), body, s0, 0.01, 30, loads=wrench)
-        for name in ("position", "orientation", "velocity", "angular_velocity", "time"):
-            # same algorithm, two linear solvers: agreement to round-off (float64)
-            np.testing.assert_allclose(getattr(b.states, name), getattr(a.states, name), rtol=0, atol=1e-12)
-        np.testing.assert_array_equal(b.info.status, a.info.status)
+def _hat(v):
+    return np.array([[0, -v[2], v[1]], [v[2], 0, -v[0]], [-v[1], v[0], 0]])
+
+
+def test_decoupled_step_is_the_seeds_midpoint_system():
+    # independent truth: the seed's 6x6 linearly implicit midpoint system (rigidjax.midpoint
+    # docstring, seed 000) assembled and solved by NumPy, attitude by SciPy rotations
+    from scipy.spatial.transform import Rotation
+
+    m, g, dt = 1.3, np.array([0, 0, -9.81]), 0.01
+    inertia = np.array([[2.0, 0.1, 0.0], [0.1, 1.0, 0.2], [0.0, 0.2, 2.5]])
+    R = np.diag([0.3, 0.2, 0.1, 2e-3, 1e-3, 3e-3])
+    wrench = np.array([0.1, 0.0, 0.0, 0.01, 0.0, -0.02])
+    v, w = np.array([1.0, 0.0, 3.0]), np.array([0.2, 5.0, 0.3])
+    q0 = np.array([0.9, 0.1, -0.3, 0.2]) / np.linalg.norm([0.9, 0.1, -0.3, 0.2])
+    body = RigidBody(m, inertia, resistance=R, gravity=g)
+    state = RigidBodyState(velocity=v, angular_velocity=w, orientation=q0, position=np.array([0.5, 0, 0]))
+    K = _hat(inertia @ w) - _hat(w) @ inertia
+    M = np.zeros((6, 6))
+    M[:3, :3], M[3:, 3:] = m * np.eye(3), inertia
+    A = M / dt + R
+    A[3:, 3:] -= 0.5 * K
+    F = np.concatenate([m * g + wrench[:3], wrench[3:] - np.cross(w, inertia @ w)])
+    V1 = np.concatenate([v, w]) + np.linalg.solve(A, F - R @ np.concatenate([v, w]))
+    rot0 = Rotation.from_quat(np.roll(q0, -1))  # scipy: scalar last
+    for attitude, w_att in (("new", V1[3:]), ("midpoint", 0.5 * (w + V1[3:]))):
+        new, info = jax.jit(decoupled_midpoint_step, static_argnames="attitude")(body, state, wrench, dt, attitude=attitude)
+        # one step, float64: agreement to round-off
+        np.testing.assert_allclose(new.velocity, V1[:3], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(new.angular_velocity, V1[3:], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(new.position, [0.5, 0, 0] + dt * V1[:3], rtol=0, atol=1e-12)
+        expected = (rot0 * Rotation.from_rotvec(dt * w_att)).as_matrix()
+        got = Rotation.from_quat(np.roll(np.asarray(new.orientation), -1)).as_matrix()
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
+        assert int(info.status) == 0 and float(info.rotation) == pytest.approx(dt * max(np.linalg.norm(w), np.linalg.norm(V1[3:])))
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -1,0 +1,98 @@
+"""``rigidjax fit``: the embedded synthetic default (truth known) and the shared real recordings
+(checked against the pendulum moments in their README, measured independently of the flips)."""
+
+import argparse
+import json
+import math
+
+import numpy as np
+import pytest
+
+from rigidjax.cli_fit import add_parser, run
+
+# README of ../shared/data/racquet-flips: pendulum moments (kg m^2, 1-sigma), phone axes
+PENDULUM = {"Ix": (1.8816e-2, 5.68e-3), "Iy": (1.3911e-3, 7.6e-5), "Iz": (2.0703e-2, 3.84e-3)}
+
+
+def _ratio(num, den="Iy"):
+    """Pendulum ratio and its propagated 1-sigma (independent errors): README's ~13.5 +- 4, ~14.9 +- 3."""
+    (a, sa), (b, sb) = PENDULUM[num], PENDULUM[den]
+    r = a / b
+    return r, r * math.hypot(sa / a, sb / b)
+
+
+def _args(*argv):
+    p = argparse.ArgumentParser(prog="rigidjax")
+    sub = p.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    return p.parse_args(["fit", *argv])
+
+
+def test_pendulum_ratios_as_in_readme():
+    # the README quotes Ix/Iy ~ 13.5 +- 4 and Iz/Iy ~ 14.9 +- 3
+    assert _ratio("Ix") == pytest.approx((13.5, 4.2), abs=0.1)
+    assert _ratio("Iz") == pytest.approx((14.9, 2.9), abs=0.1)
+
+
+def test_embedded_default_recovers_truth(tmp_path, capsys):
+    out = tmp_path / "fit.json"
+    code = run(_args("--tosses", "3", "--starts", "2", "--json", str(out), "--quiet"))
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "No PATH given: synthesised 3 tosses" in printed and "truth (synthetic)" in printed
+    d = json.loads(out.read_text())
+    assert d["mode"] == "joint" and d["status"] == "converged" and len(d["segments"]) == 3
+    assert d["options"]["tensor"] and d["options"]["drag"] == "isotropic" and d["options"]["bias"]
+    for key in ("Ix/Iy", "Iz/Iy", "Ixy/Iy", "drag/Iy", "Ix", "Iz"):
+        est, se, truth = d["estimates"][key], d["uncertainties"][key], d["truth"][key]
+        assert abs(est - truth) < 4 * se, (key, est, se, truth)  # noise-implied uncertainty
+    assert d["uncertainties"]["Ix/Iy"] < 0.01 * d["truth"]["Ix/Iy"]
+
+
+def test_real_flips_quick(racquet_dir, tmp_path, capsys):
+    # one recording (round 2: five intermediate-axis tosses), principal moments along the phone axes
+    rec = next((racquet_dir / "flips" / "round2").iterdir())
+    out, png = tmp_path / "real.json", tmp_path / "fit plot.png"
+    code = run(_args(str(rec), "--json", str(out), "--plot", str(png), "--segment", "1", "--quiet"))
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    d = json.loads(out.read_text())
+    assert d["mode"] == "per-segment" and len(d["segments"]) == 5
+    for key in ("Ix", "Iz"):
+        ref, sigma = _ratio(key)
+        median = d["combined"]["all"][f"{key}/Iy"]["median"]
+        assert abs(median - ref) < sigma, (key, median, ref, sigma)  # within the pendulum's 1-sigma
+    # a gyroscope fit, not noise-level: the real residual is a few tenths of a rad/s out of ~10
+    assert all(s["rms"] < 0.6 for s in d["segments"])
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_errors_exit_2(tmp_path, capsys):
+    assert run(_args(str(tmp_path / "nope"), "--quiet")) == 2
+    assert "no such file or folder" in capsys.readouterr().err
+    assert run(_args("--scale", "Iy", "--quiet")) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+    bad = tmp_path / "rec" / "Gyroscope rotation rate x"
+    (bad / "meta").mkdir(parents=True)
+    (bad / "Raw Data.csv").write_text('"Time (s)","Gyroscope x (rad/s)"\n0,1\n0.01,2\n')
+    assert run(_args(str(tmp_path / "rec"), "--quiet")) == 2
+    err = capsys.readouterr().err
+    assert "Raw Data.csv, line 1: missing column(s)" in err
+    assert run(_args("--starts", "0")) == 2
+    assert "--starts must be >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_all_real_flips(racquet_dir, tmp_path):
+    """Every kept flip, per segment, principal moments and full tensor + drag (run with
+    ``pytest -m slow tests/test_cli_fit.py``)."""
+    for extra in ((), ("--tensor", "--drag")):
+        out = tmp_path / "all.json"
+        code = run(_args(str(racquet_dir / "flips"), "--json", str(out), "--quiet", "--select", "intermediate", *extra))
+        d = json.loads(out.read_text())
+        assert code == 0 and len(d["segments"]) == 66
+        for key in ("Ix", "Iz"):
+            ref, sigma = _ratio(key)
+            median = d["combined"]["all"][f"{key}/Iy"]["median"]
+            assert abs(median - ref) < sigma, (extra, key, median, ref, sigma)
+        assert np.median([s["rms"] for s in d["segments"]]) < 0.4
