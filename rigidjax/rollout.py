@@ -78,6 +78,7 @@ def rollout(
     *,
     checked: bool = False,
     allow_rotation_limit: bool = False,
+    checkpoint_every: int | None = None,
 ) -> Trajectory:
     """Run ``step`` for ``n_steps`` with ``lax.scan``.
 
@@ -95,6 +96,16 @@ def rollout(
         checked: after the run, raise :class:`rigidjax.StepFailure` if any step failed
             (outside ``jit`` with the step and member named; inside via ``equinox.error_if``).
         allow_rotation_limit: in checked mode, accept ``Status.ROTATION_LIMIT``.
+        checkpoint_every: ``None`` (default) or a chunk length ``k >= 1`` for reverse-mode
+            gradients of long rollouts with bounded memory: the scan runs as an outer scan
+            over chunks of ``k`` steps, each chunk under ``jax.checkpoint``, so the backward
+            pass stores the carry at chunk boundaries only and recomputes one chunk at a
+            time (about one extra forward pass). The step intermediates kept for the backward
+            pass fall from ``O(n_steps)`` to ``O(n_steps / k + k)``; ``k ~ sqrt(n_steps)``
+            minimises it. ``n_steps`` need not be a multiple of ``k`` (the remainder runs as
+            a last, shorter chunk). Results and gradients are those of the plain scan (same
+            operations, to round-off); the returned trajectory itself is still
+            ``O(n_steps)``. Measured costs: ``benchmarks/README.md``.
 
     Returns:
         :class:`Trajectory` with ``states`` (``n_steps + 1`` along the leading axis) and
@@ -102,9 +113,14 @@ def rollout(
         of the rollout and every later ``info.status`` repeats the failure code.
 
     Raises:
-        ValueError: ``dt <= 0``, NaN ``dt``, inconsistent ``n_steps``/``dt``/``loads`` lengths.
+        ValueError: ``dt <= 0``, NaN ``dt``, inconsistent ``n_steps``/``dt``/``loads`` lengths,
+            ``checkpoint_every`` not a positive integer.
     """
     dt_arr, n = check_dt(dt, n_steps)
+    if checkpoint_every is not None:
+        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer)) or checkpoint_every < 1:
+            raise ValueError(f"rollout: checkpoint_every must be None or an integer >= 1; got {checkpoint_every!r}")
+        checkpoint_every = int(checkpoint_every)
     per_step_dt = dt_arr.ndim == 1
     if loads is not None and not callable(loads):
         for leaf in jax.tree_util.tree_leaves(loads):
@@ -118,6 +134,8 @@ def rollout(
     def body(carry, xs):
         state, fail_code = carry
         dt_k, load_k = xs
+        if dt_k is None:  # scalar dt: a constant of the loop, so XLA hoists what depends on it
+            dt_k = dt_arr
         if callable(loads):
             load_k = loads(state.time if hasattr(state, "time") else None, state)
         new_state, info = step(model, state, load_k, dt_k)
@@ -128,10 +146,14 @@ def rollout(
         fail_code = jnp.where(jnp.isin(status, failure_codes), status, 0).astype(jnp.int32)
         return (new_state, fail_code), (new_state, info)
 
-    xs_dt = dt_arr if per_step_dt else jnp.broadcast_to(dt_arr, (n,))
+    xs_dt = dt_arr if per_step_dt else None
     xs_load = None if (loads is None or callable(loads)) else loads
     fail0 = jnp.zeros(_batch_shape(state0), jnp.int32)
-    _, (states, info) = jax.lax.scan(body, (state0, fail0), (xs_dt, xs_load), length=n)
+    carry0 = (state0, fail0)
+    if checkpoint_every is None or checkpoint_every >= n:
+        _, (states, info) = jax.lax.scan(body, carry0, (xs_dt, xs_load), length=n)
+    else:
+        states, info = _chunked_scan(body, carry0, (xs_dt, xs_load), n, checkpoint_every)
     states = jax.tree_util.tree_map(lambda a0, a: jnp.concatenate([a0[None], a], 0), state0, states)
     if checked:
         if is_concrete(info.status):
@@ -143,6 +165,34 @@ def rollout(
             states = jax.tree_util.tree_map(lambda a: eqx.error_if(a, bad, msg), states)
             info = jax.tree_util.tree_map(lambda a: eqx.error_if(a, bad, msg), info)
     return Trajectory(states=states, info=info)
+
+
+def _chunked_scan(body, carry0, xs, n: int, k: int):
+    """``lax.scan(body, carry0, xs, length=n)`` as checkpointed chunks of ``k`` steps.
+
+    Outer scan over ``n // k`` chunks (each an inner scan under ``jax.checkpoint``), then the
+    ``n % k`` remaining steps as one more checkpointed scan; the stacked outputs are joined
+    back into one leading axis of length ``n``.
+    """
+    n_chunks, rem = divmod(n, k)
+
+    def inner(length):
+        def run(carry, xs_chunk):
+            return jax.lax.scan(body, carry, xs_chunk, length=length)
+
+        return jax.checkpoint(run, prevent_cse=False)
+
+    def split(tree, lo, hi, shape):
+        return jax.tree_util.tree_map(lambda a: a[lo:hi].reshape(shape + a.shape[1:]), tree)
+
+    xs_main = split(xs, 0, n_chunks * k, (n_chunks, k))
+    carry, ys = jax.lax.scan(inner(k), carry0, xs_main, length=n_chunks)
+    ys = jax.tree_util.tree_map(lambda a: a.reshape((n_chunks * k,) + a.shape[2:]), ys)
+    if rem:
+        xs_rem = split(xs, n_chunks * k, n, (rem,))
+        _, ys_rem = inner(rem)(carry, xs_rem)
+        ys = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b], 0), ys, ys_rem)
+    return ys
 
 
 def _batch_shape(state) -> tuple[int, ...]:
