@@ -119,12 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", default=None, help="write the summary as JSON")
     s.add_argument("--plot", default=None, help="write a PNG of omega(t)")
     s.set_defaults(func=_cmd_simulate)
-    try:
-        from . import cli_fit
-    except ImportError:  # pragma: no cover - during development only
-        cli_fit = None
-    if cli_fit is not None:
-        cli_fit.add_parser(sub)
+    from . import cli_fit
+
+    cli_fit.add_parser(sub)
     return p
 
 
