@@ -1,0 +1,240 @@
+"""Ensemble throughput (body-steps per second) of each stepper, against MuJoCo MJX and Exudyn.
+
+    python -m benchmarks.bench_throughput [--quick] [--sizes 1,64,4096] [--steppers midpoint,...]
+                                          [--dtypes float64,float32] [--no-peers]
+
+N copies of the standard torque-free body (``I = diag(1, 2, 3)``, ``omega0 = (0.01, 2, 0)``,
+``dt = 1e-3``), all in ONE process, side by side:
+
+* rigidjax steppers (``midpoint`` = the library's step, ``midpoint-lu`` = the same step with
+  a batched LAPACK solve on ``(N, 6, 6)`` and array-of-structures layout (the layout
+  baseline), ``euler-parameters`` (generalized-alpha, Newton), ``variational`` (DEL,
+  Newton)): ``jit(vmap(rollout))`` with the whole trajectory stored, as
+  :func:`rigidjax.ensemble.ensemble_rollout` does on one device;
+* MuJoCo MJX: one free body, ``jit(vmap(mjx.step))`` inside a ``lax.scan`` (final state only),
+  MJX's default float32, Euler integrator, same inertia/rates/dt;
+* Exudyn: N rigid bodies (Euler-parameter nodes) in ONE system, sparse solver (EigenSparse),
+  its default generalized-alpha integrator, ``SolveDynamic`` timed.
+
+Each row reports the energy drift the run reached (max over members and, for rigidjax,
+over time; at the end for the peers), so speed is never bought with accuracy. Timing: best
+of 3 warm calls (wall clock; compile excluded and reported separately). Writes
+``benchmarks/results/bench_throughput.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from ._common import DT, INERTIA, OMEGA0, ensemble_fn, have, machine, table, timed, write_json
+
+FULL_SIZES = [1, 16, 256, 1024, 4096, 16384]
+QUICK_SIZES = [1, 64, 1024]
+# body-steps per measurement (n_steps = work / N, clipped): ~1 s of the slowest stepper
+WORK = {"midpoint": 4_000_000, "midpoint-lu": 1_000_000, "euler-parameters": 100_000, "variational": 100_000}
+MIN_STEPS, MAX_STEPS = 10, 2000
+
+
+def n_steps_for(stepper: str, N: int, quick: bool) -> int:
+    w = WORK.get(stepper, 100_000) // (8 if quick else 1)
+    return int(np.clip(w // N, MIN_STEPS, MAX_STEPS // (4 if quick else 1)))
+
+
+def bench_rigidjax(stepper: str, N: int, dtype_name: str, quick: bool) -> dict:
+    import jax.numpy as jnp
+
+    dtype = jnp.float64 if dtype_name == "float64" else jnp.float32
+    n = n_steps_for(stepper, N, quick)
+    fn, states0 = ensemble_fn(stepper, N, n, dtype)
+    first, best, cpu, (_, drift, ok) = timed(fn, states0)
+    return {
+        "code": f"rigidjax {stepper}",
+        "dtype": dtype_name,
+        "N": N,
+        "steps": n,
+        "body_steps_per_s": N * n / best,
+        "body_steps_per_cpu_s": N * n / cpu if cpu > 0 else float("nan"),
+        "compile_s": first - best,
+        "energy_drift": float(drift),
+        "all_converged": bool(ok),
+    }
+
+
+MJX_XML = f"""
+<mujoco>
+  <option timestep="{DT}" gravity="0 0 0" integrator="Euler"/>
+  <worldbody><body><freejoint/>
+    <inertial pos="0 0 0" mass="1" diaginertia="{INERTIA[0]} {INERTIA[1]} {INERTIA[2]}"/>
+  </body></worldbody>
+</mujoco>
+"""
+
+
+def bench_mjx(N: int, quick: bool, dtype_name: str = "float32") -> dict:
+    import jax
+
+    # MJX follows the x64 flag (its float32 mode needs x64 off while tracing and running)
+    with jax.enable_x64(dtype_name == "float64"):
+        return _bench_mjx(N, quick, dtype_name)
+
+
+def _bench_mjx(N: int, quick: bool, dtype_name: str) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import mujoco
+    from mujoco import mjx
+
+    m = mujoco.MjModel.from_xml_string(MJX_XML)
+    d = mujoco.MjData(m)
+    d.qvel[3:] = OMEGA0  # free joint: angular velocity in the body (local) frame
+    mx = mjx.put_model(m)
+    dx = mjx.put_data(m, d)
+    n = n_steps_for("midpoint-lu", N, quick)
+    batch = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (N, *jnp.shape(a))) + 0 if hasattr(a, "shape") else a, dx)
+    vstep = jax.vmap(mjx.step, in_axes=(None, 0))
+
+    @jax.jit
+    def run(b):
+        return jax.lax.scan(lambda c, _: (vstep(mx, c), None), b, None, length=n)[0]
+
+    first, best, cpu, out = timed(run, batch)
+    w = np.asarray(out.qvel[:, 3:], dtype=float)
+    Ivec = np.asarray(INERTIA)
+    E0 = 0.5 * float(np.sum(Ivec * np.asarray(OMEGA0) ** 2))
+    E = 0.5 * np.sum(Ivec * w**2, -1)
+    return {
+        "code": "MuJoCo MJX " + mujoco.__version__,
+        "dtype": str(out.qvel.dtype),
+        "N": N,
+        "steps": n,
+        "body_steps_per_s": N * n / best,
+        "body_steps_per_cpu_s": N * n / cpu if cpu > 0 else float("nan"),
+        "compile_s": first - best,
+        "energy_drift": float(np.max(np.abs(E / E0 - 1))),
+        "all_converged": bool(np.all(np.isfinite(w))),
+    }
+
+
+def bench_exudyn(N: int, quick: bool) -> dict:
+    import exudyn as exu
+    import exudyn.utilities as eu
+
+    n = n_steps_for("euler-parameters", N, quick) if N > 1 else 1000
+    SC = exu.SystemContainer()
+    mbs = SC.AddSystem()
+    inertia = eu.RigidBodyInertia(mass=1.0, inertiaTensor=np.diag(INERTIA))
+    bodies = [
+        mbs.CreateRigidBody(inertia=inertia, referencePosition=[3.0 * i, 0, 0], initialAngularVelocity=list(OMEGA0), gravity=[0, 0, 0])
+        for i in range(N)
+    ]
+    mbs.Assemble()
+    ss = exu.SimulationSettings()
+    ss.timeIntegration.numberOfSteps = n
+    ss.timeIntegration.endTime = n * DT
+    ss.timeIntegration.verboseMode = 0
+    ss.linearSolver.solverType = exu.LinearSolverType.EigenSparse
+    ss.solution.file.write = False
+    ss.show.computationTime = False
+    ss.show.statistics = False
+    best, best_cpu = float("inf"), float("nan")
+    for _ in range(2):  # SolveDynamic restarts from the initial values each time
+        t, c = time.perf_counter(), time.process_time()
+        exu.SolveDynamic(mbs, ss)
+        w, c = time.perf_counter() - t, time.process_time() - c
+        if w < best:
+            best, best_cpu = w, c
+    nodes = [mbs.GetObject(b)["nodeNumber"] for b in bodies]
+    wl = np.array([mbs.GetNodeOutput(k, exu.OutputVariableType.AngularVelocityLocal) for k in nodes])
+    Ivec = np.asarray(INERTIA)
+    E0 = 0.5 * float(np.sum(Ivec * np.asarray(OMEGA0) ** 2))
+    E = 0.5 * np.sum(Ivec * wl**2, -1)
+    return {
+        "code": "Exudyn " + exu.__version__ + " (EigenSparse)",
+        "dtype": "float64",
+        "N": N,
+        "steps": n,
+        "body_steps_per_s": N * n / best,
+        "body_steps_per_cpu_s": N * n / best_cpu if best_cpu > 0 else float("nan"),
+        "compile_s": 0.0,
+        "energy_drift": float(np.max(np.abs(E / E0 - 1))),
+        "all_converged": bool(np.all(np.isfinite(wl))),
+    }
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes and few steps (a smoke run)")
+    ap.add_argument("--sizes", default=None, help="comma-separated ensemble sizes N")
+    ap.add_argument("--steppers", default="midpoint,midpoint-lu,euler-parameters,variational")
+    ap.add_argument("--dtypes", default="float64,float32")
+    ap.add_argument("--no-peers", action="store_true", help="skip MuJoCo MJX and Exudyn")
+    ap.add_argument("--max-n-newton", type=int, default=16384, help="largest N for the Newton-based steppers")
+    args = ap.parse_args(argv)
+
+    import jax
+
+    jax.config.update("jax_enable_x64", True)  # float64 available; each run picks its dtype
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else (QUICK_SIZES if args.quick else FULL_SIZES)
+    rows, notes = [], []
+    for stepper in args.steppers.split(","):
+        for dt_name in args.dtypes.split(","):
+            for N in sizes:
+                if stepper in ("euler-parameters", "variational") and N > args.max_n_newton:
+                    continue
+                try:
+                    r = bench_rigidjax(stepper, N, dt_name, args.quick)
+                except Exception as e:  # report, keep going
+                    r = {"code": f"rigidjax {stepper}", "dtype": dt_name, "N": N, "error": f"{type(e).__name__}: {e}"[:200]}
+                rows.append(r)
+                print(table([r], COLS).splitlines()[-1], flush=True)
+    if not args.no_peers:
+        peers = [("MuJoCo MJX", "mujoco.mjx", lambda N, q, d=d: bench_mjx(N, q, d)) for d in args.dtypes.split(",")]
+        peers.append(("Exudyn", "exudyn", bench_exudyn))
+        for name, mod, fn in peers:
+            if not have(mod):
+                notes.append(f"{name} not installed (pip install 'rigidjax[bench]'): skipped")
+                print(notes[-1])
+                continue
+            for N in sizes:
+                try:
+                    r = fn(N, args.quick)
+                except Exception as e:
+                    r = {"code": name, "N": N, "error": f"{type(e).__name__}: {e}"[:200]}
+                rows.append(r)
+                print(table([r], COLS).splitlines()[-1], flush=True)
+    # ratios against the peers at each N (rigidjax midpoint float64 / float32 over MJX and Exudyn)
+    ratios = []
+    for N in sizes:
+        get = lambda code, dt=None: next(  # noqa: E731
+            (r["body_steps_per_s"] for r in rows if r.get("N") == N and r.get("code", "").startswith(code) and "error" not in r and (dt is None or r.get("dtype") == dt)),
+            None,
+        )
+        mid64, mid32, lu64 = get("rigidjax midpoint", "float64"), get("rigidjax midpoint", "float32"), get("rigidjax midpoint-lu", "float64")
+        mjx_, exu_ = get("MuJoCo MJX", "float32"), get("Exudyn")
+        ratios.append(
+            {
+                "N": N,
+                "midpoint f64 / MJX f32": mid64 / mjx_ if mid64 and mjx_ else float("nan"),
+                "midpoint f32 / MJX f32": mid32 / mjx_ if mid32 and mjx_ else float("nan"),
+                "midpoint f64 / Exudyn": mid64 / exu_ if mid64 and exu_ else float("nan"),
+                "midpoint f64 / midpoint-lu f64": mid64 / lu64 if mid64 and lu64 else float("nan"),
+            }
+        )
+    print()
+    print(table(rows, COLS))
+    print()
+    print(table(ratios, list(ratios[0].keys())))
+    for n_ in notes:
+        print("note:", n_)
+    payload = {"machine": machine(), "rows": rows, "ratios": ratios, "notes": notes, "quick": args.quick}
+    print("wrote", write_json("bench_throughput", payload))
+    return payload
+
+
+COLS = ["code", "dtype", "N", "steps", "body_steps_per_s", "body_steps_per_cpu_s", "compile_s", "energy_drift", "all_converged", "error"]
+
+if __name__ == "__main__":
+    main()
