@@ -758,19 +758,32 @@ def _misalignment_deg(theta, spec: _Spec) -> float:
     return float(np.degrees(np.arccos(np.clip(cos.min(), -1, 1))))
 
 
+def _name_order(spec: _Spec, scale) -> list[str]:
+    names = list(spec.inertia_names)
+    if spec.tensor:
+        names += ["Imid/Imin", "Imax/Imin"]
+    names += list(spec.drag_names)
+    if scale is not None:
+        names += ["Ix", "Iy", "Iz"] + (["Ixy", "Ixz", "Iyz"] if spec.tensor else [])
+        names += [n.replace("/Iy", "") for n in spec.drag_names]
+    return names
+
+
 def _estimates_and_se(x_phys, cov, spec: _Spec, scale, n_sh):
     theta = jnp.asarray(x_phys[:n_sh], jnp.result_type(float))
     vals, Jd = _derived_jit(spec, scale)(theta)
-    est = {k: float(v) for k, v in vals.items()}
     C = np.asarray(cov[:n_sh, :n_sh])
-    se = {}
-    for k, row in Jd.items():
-        row = np.asarray(row)
-        var = float(row @ C @ row)
-        se[k] = math.sqrt(var) if var >= 0 and np.isfinite(var) else float("nan")
+    est, se = {}, {}
+    for k in _name_order(spec, scale):
+        est[k] = float(vals[k])
+        row = np.asarray(Jd[k])
+        with np.errstate(invalid="ignore", over="ignore"):
+            var = float(row @ C @ row) if np.all(np.isfinite(C)) else float("inf")
+        # a known scale value has zero error; singular normal equations give inf
+        se[k] = math.sqrt(var) if var >= 0 and np.isfinite(var) else (float("inf") if var == float("inf") else float("nan"))
     if spec.tensor:
         est["misalignment_deg"] = _misalignment_deg(np.asarray(theta), spec)
-        se["misalignment_deg"] = float("nan")
+        se["misalignment_deg"] = float("nan")  # not smooth where axes swap: no delta-method error
     return est, se
 
 
@@ -902,12 +915,22 @@ class InertiaFit:
             lines.append(f"joint estimate over {len(self.segments)} segment(s) (± 1-sigma, Gauss-Newton):")
             for k, v in self.estimates.items():
                 lines.append(f"  {k:<18} {_pm(v, self.uncertainties.get(k))}")
+            shown = set()
+            for s in self.segments:
+                if "bias" in s and s["source"] not in shown:
+                    shown.add(s["source"])
+                    b = ", ".join(_pm(v, e) for v, e in zip(s["bias"], s["bias_se"]))
+                    lines.append(f"  {'bias (rad/s)':<18} [{b}]" + (f"  ({s['source']})" if len(self.segments) > 1 and len({x['source'] for x in self.segments}) > 1 else ""))
         lines.append(f"residual RMS {self.rms:.4g} rad/s; status: {self.status}")
         if self.truth:
-            lines.append("truth (synthetic):")
+            lines.append("truth (synthetic) beside the estimate:")
             for k, v in self.truth.items():
                 if isinstance(v, (int, float)) and k in self.estimates:
-                    lines.append(f"  {k:<18} {v:.6g}   estimate {self.estimates[k]:.6g}")
+                    e = self.uncertainties.get(k)
+                    z = f"  ({(self.estimates[k] - v) / e:+.2f} sigma)" if e and np.isfinite(e) else ""
+                    lines.append(f"  {k:<18} truth {v:<12.6g} estimate {self.estimates[k]:.6g}{z}")
+            if "bias" in self.truth and self.segments and "bias" in self.segments[0]:
+                lines.append(f"  {'bias (rad/s)':<18} truth {self.truth['bias']}  estimate {np.round(self.segments[0]['bias'], 5).tolist()}")
         return "\n".join(lines)
 
 
@@ -916,6 +939,8 @@ def _pm(v, e) -> str:
         return "—"
     if e is None or not np.isfinite(e):
         return f"{v:.5g} ± ?"
+    if e == 0:
+        return f"{v:.5g} (fixed)"
     return f"{v:.5g} ± {e:.2g}"
 
 
