@@ -83,16 +83,22 @@ def test_errors_exit_2(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_all_real_flips(racquet_dir, tmp_path):
-    """Every kept flip, per segment, principal moments and full tensor + drag (run with
-    ``pytest -m slow tests/test_cli_fit.py``)."""
-    for extra in ((), ("--tensor", "--drag")):
-        out = tmp_path / "all.json"
-        code = run(_args(str(racquet_dir / "flips"), "--json", str(out), "--quiet", "--select", "intermediate", *extra))
-        d = json.loads(out.read_text())
-        assert code == 0 and len(d["segments"]) == 66
+def test_all_real_flips(racquet_dir):
+    """Every kept intermediate-axis flip of rounds 2-3, per segment, principal moments and full
+    tensor + drag (run with ``pytest -m slow tests/test_cli_fit.py``). Round 1 is left out: all
+    its tosses, of every type, agree on Ix/Iy ~ 3.7, Iz/Iy ~ 4.6 (a different body from the
+    racquet the pendulum measured; close to a bare phone), see the closing note."""
+    from rigidjax.identify import fit_inertia
+    from rigidjax.io import load_phyphox
+
+    segs = [s for s in load_phyphox(racquet_dir / "flips") if "round1" not in s.source]
+    assert len(segs) == 62 and all(s.comment == "Intermediate axis rotation" for s in segs)
+    for kw in ({}, {"tensor": True, "drag": "isotropic"}):
+        fit = fit_inertia(segs, **kw)
+        assert fit.converged
         for key in ("Ix", "Iz"):
             ref, sigma = _ratio(key)
-            median = d["combined"]["all"][f"{key}/Iy"]["median"]
-            assert abs(median - ref) < sigma, (extra, key, median, ref, sigma)
-        assert np.median([s["rms"] for s in d["segments"]]) < 0.4
+            median = fit.combined["all"][f"{key}/Iy"]["median"]
+            assert abs(median - ref) < sigma, (kw, key, median, ref, sigma)
+        # the richer model fits better; both far from noise level (~0.01 rad/s): model error
+        assert np.median([s["rms"] for s in fit.segments]) < (0.4 if not kw else 0.2)
