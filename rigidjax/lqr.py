@@ -62,6 +62,11 @@ def lqr_gains(A, B, Q, R, Qf=None) -> tuple[jax.Array, jax.Array]:
     if Qf.shape != (nx, nx):
         raise ValueError(f"lqr_gains: Qf must have shape ({nx}, {nx}); got {Qf.shape}")
 
+    return _riccati(A, B, Q, R, Qf)
+
+
+@jax.jit
+def _riccati(A, B, Q, R, Qf):
     def back(P, xs):
         Ak, Bk, Qk, Rk = xs
         PB = P @ Bk

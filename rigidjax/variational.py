@@ -964,10 +964,15 @@ def trajectory_jacobians(system: MechanicalSystem, X, U, t, dt, **kwargs) -> tup
         raise ValueError(f"trajectory_jacobians: X must have N+1 = {N + 1} rows for U with N = {N}; got {X.shape}")
     t = jnp.broadcast_to(jnp.asarray(t, X.dtype), (N,))
     dt = jnp.broadcast_to(jnp.asarray(dt, X.dtype), (N,))
+    return _trajectory_jacobians(system, X, U, t, dt, tuple(sorted(kwargs.items())))
+
+
+@functools.partial(jax.jit, static_argnums=5)
+def _trajectory_jacobians(system, X, U, t, dt, options):
+    kwargs = dict(options)
 
     def jac(x, u, x_next, tk, hk):
         f = lambda a, b: state_space_step(system, a, b, tk, hk, guess=x_next[: system.n_config], **kwargs)
         return jax.jacfwd(f, argnums=(0, 1))(x, u)
 
-    A, B = jax.vmap(jac)(X[:-1], U, X[1:], t, dt)
-    return A, B
+    return jax.vmap(jac)(X[:-1], U, X[1:], t, dt)
