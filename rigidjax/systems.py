@@ -41,6 +41,7 @@ __all__ = [
     "rigid_body",
     "rigid_body_vi_state",
     "rigid_body_state",
+    "simulate_scenario",
     "STANDARD_GRAVITY",
 ]
 

@@ -698,7 +698,8 @@ def vi_step(
 
     Args:
         system: :class:`MechanicalSystem`.
-        state: :class:`VIState` at ``t_k``; leading batch axes are mapped over.
+        state: :class:`VIState` at ``t_k``; leading batch axes are mapped over (one system for
+            all members; for ensembles of different systems ``jax.vmap`` over the system too).
         inputs: ``u`` ``(…, n_inputs)`` or ``None`` (zeros); for systems with kinematic
             variables the pair ``(u, rho)`` with ``rho`` ``(…, n_kinematic)`` the kinematic
             configuration at ``t_k + dt``. The force input is held over the step.
