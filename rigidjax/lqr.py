@@ -20,14 +20,13 @@ robotic systems" / trep's ``DLQR`` (``trep.discopt``); B. D. O. Anderson, J. B. 
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
 
 from ._util import where_tree
 from .info import FAILURES, StepInfo
-from .variational import MechanicalSystem, VIState, join_state, split_state, vi_step
+from .variational import MechanicalSystem, VIState, join_state, vi_step
 
 __all__ = ["lqr_gains", "closed_loop_rollout"]
 

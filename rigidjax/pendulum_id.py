@@ -28,7 +28,6 @@ import dataclasses
 import functools
 import math
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
