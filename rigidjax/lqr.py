@@ -13,9 +13,10 @@ give the linear time-varying deviation dynamics ``dX(k+1) = A_k dX(k) + B_k dU(k
     P_k = Q + A_k^T P_{k+1} (A_k - B_k K_k), \qquad P_N = Q_f,
 
 and :func:`closed_loop_rollout` runs the full nonlinear VI under ``U_k = U_ref,k - K_k (X_k - X_ref,k)``.
-Reference: T. D. Murphey, E. R. Johnson, "Control aesthetics in software architecture for
-robotic systems" / trep's ``DLQR`` (``trep.discopt``); B. D. O. Anderson, J. B. Moore,
-*Optimal Control: Linear Quadratic Methods* (1990), ch. 2.
+The same construction as trep's ``trep.discopt.DSystem.calc_feedback_controller`` (whose state
+also carries the kinematic velocities; the midpoint DEL map does not depend on them, so
+``X = (q, p)`` here). Reference: B. D. O. Anderson, J. B. Moore, *Optimal Control: Linear
+Quadratic Methods* (1990), ch. 2.
 """
 
 from __future__ import annotations
