@@ -62,7 +62,7 @@ def _scenario(stepper: str):
 
         return simulate_scenario
     if stepper == "vi":
-        from .variational import simulate_scenario
+        from .systems import simulate_scenario
 
         return simulate_scenario
     raise ValueError(stepper)
