@@ -723,8 +723,8 @@ def _pad(segs: list[Segment], substeps: int, n_pad: int, dtype):
         weight[i, :n] = 1
         d = np.diff(s.t)
         dt[i, : n - 1] = d
-        # padded steps: tiny positive dt (the stepper needs dt > 0), zero weight
-        dt[i, n - 1 :] = 1e-6 * np.median(d)
+        # padded steps: the typical dt (> 0, and no 1/dt overflow in float32 tangents), zero weight
+        dt[i, n - 1 :] = np.median(d)
     dt = np.repeat(dt / substeps, substeps, axis=1)
     return (omega.astype(dtype), weight.astype(dtype), dt.astype(dtype))
 
@@ -869,7 +869,7 @@ class InertiaFit:
         k = self.options["substeps"]
         n_pad = int(64 * math.ceil(len(t) / 64))  # padded like the fit: one compilation
         d = np.diff(t)
-        dt = np.repeat(np.concatenate([d, np.full(n_pad - len(t), 1e-6 * np.median(d))]) / k, k)
+        dt = np.repeat(np.concatenate([d, np.full(n_pad - len(t), np.median(d))]) / k, k)
         dtype = jnp.result_type(float)
         w, _ = _predict_jit(m["stepper"], k)(
             *(jnp.asarray(a, dtype) for a in (m["inertia"][i], m["drag"][i], m["omega0"][i], dt))
