@@ -922,7 +922,10 @@ class InertiaFit:
             if len(self.combined.get("by_comment", {})) > 1:
                 lines.append("by comment (median ± spread, n):")
                 for com, d in self.combined["by_comment"].items():
-                    vals = "  ".join(f"{k} {_pm(v['median'], v['spread'])}" for k, v in list(d.items())[:2])
+                    vals = "  ".join(
+                        f"{k} {_pm(v['median'], v['spread']) if v['n'] > 1 else format(v['median'], '.5g')}"
+                        for k, v in list(d.items())[:2]
+                    )
                     n = next(iter(d.values()))["n"] if d else 0
                     lines.append(f"  {com[:30]:<30} n={n:<3} {vals}")
         else:
@@ -935,7 +938,8 @@ class InertiaFit:
                     shown.add(s["source"])
                     b = ", ".join(_pm(v, e) for v, e in zip(s["bias"], s["bias_se"]))
                     lines.append(f"  {'bias (rad/s)':<18} [{b}]" + (f"  ({s['source']})" if len(self.segments) > 1 and len({x['source'] for x in self.segments}) > 1 else ""))
-        lines.append(f"residual RMS {self.rms:.4g} rad/s; status: {self.status}")
+        med = float(np.median([s["rms"] for s in self.segments])) if self.segments else float("nan")
+        lines.append(f"residual RMS {self.rms:.4g} rad/s (median over segments {med:.4g}); status: {self.status}")
         if self.truth:
             lines.append("truth (synthetic) beside the estimate:")
             for k, v in self.truth.items():
