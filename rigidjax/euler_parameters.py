@@ -22,14 +22,6 @@ inside ``G``):
     G^T I G\,\ddot\theta = G^T\big(\tau - \omega\times I\omega - (R V)_{4:6}\big)
         + C_\theta^T \lambda ,
 
-The quadratic velocity term ``G^T (omega x I omega)`` (Newton-Euler form, as in Exudyn's
-``ObjectRigidBody``) equals the Lagrange form ``2 G_t^T I G theta_t`` up to a vector along
-``theta`` when ``theta^T theta_t = 0``, which the Euler-parameter multiplier takes up. Unlike
-the Lagrange form it does not feed the rate of ``|theta|`` (``theta^T theta_t``, free in the
-index-3 discretisation) back into the dynamics: with the Lagrange form that parasitic mode
-grows exponentially once ``|omega| dt`` reaches about 0.2 rad (measured: Newton fails after
-~300 steps of a 100 rad/s spin at dt = 2 ms), with this form it stays bounded.
-
 with ``V = (p_t, G theta_t)`` the twist (``v`` world, ``omega`` body) and ``R`` the body's
 resistance (the same as :func:`rigidjax.midpoint_step`). A torque given in the WORLD frame
 enters as ``G_world^T tau_world``. ``G^T I G`` is singular along ``theta``: the Euler-parameter
@@ -38,19 +30,26 @@ constraint ``theta^T theta - 1 = 0`` (position level, index 3) or ``2 theta^T th
 supply it among its own constraints. Extra holonomic constraints ``c(q_total) = 0``
 (:class:`SphericalJoint`, or any JAX function) come with their multipliers.
 
+The quadratic velocity term ``G^T (omega x I omega)`` (Newton-Euler form, as in Exudyn's
+``ObjectRigidBody``) equals the Lagrange form ``2 G_t^T I G theta_t`` up to a vector along
+``theta`` when ``theta^T theta_t = 0`` (taken up by the Euler-parameter multiplier); it does
+not depend on the rate of ``|theta|``.
+
 Two discretisations of the constraints (``ep_step(..., stabilized=...)``):
 
 * ``stabilized=True`` (default): the stabilized index-2 (GGL) generalized-alpha method
   (C. W. Gear, B. Leimkuhler, G. K. Gupta, J. Comput. Appl. Math. 12-13 (1985) 77-90;
   for the alpha methods C. Lunk, B. Simeon, ZAMM 86 (2006) 772-784): the position
   constraints AND their time derivatives ``C q_t = 0`` hold at every step, with an extra
-  position correction ``C^T mu`` (``mu = O(h^3)``). Both ``|theta| = 1`` and
+  position correction along the constraint gradients, ``C^T mu`` (one ``mu`` per position
+  constraint, solved with the rest). Both ``|theta| = 1`` and
   ``theta^T theta_t = 0`` stay at round-off; the joint velocities are consistent.
 * ``stabilized=False``: the plain index-3 form of Arnold & Brüls (positions only). Its
   velocities leave the hidden constraints, and for rotating bodies the rate of
   ``|theta|`` then grows without bound once ``|omega| dt`` reaches about 0.2 rad at
-  ``rho_inf >= 0.9`` (measured: a 100 rad/s spin at dt = 2 ms fails after ~300 steps;
-  at ``rho_inf = 0.5`` it stays bounded). Kept for comparison with index-3 codes.
+  ``rho_inf >= 0.9`` (measured: a free body spinning at 100 rad/s with dt = 2 ms fails
+  after ~300 steps, with either form of the quadratic velocity term; at ``rho_inf = 0.5``
+  it stays bounded). Kept for comparison with index-3 codes.
 
 Each step solves the generalized-alpha equations for the new accelerations, all
 multipliers (and ``mu``) by Newton's method (full Jacobian by forward-mode AD, LU). The solve is wrapped

@@ -542,3 +542,30 @@ def test_euler_constraint_supplied_by_the_model():
     # identical equations in a different order: equal to round-off
     np.testing.assert_allclose(np.asarray(sb.coordinates), np.asarray(sa.coordinates), atol=1e-13)
     np.testing.assert_allclose(np.asarray(sb.multipliers), np.asarray(sa.multipliers), rtol=1e-10, atol=1e-12)
+
+
+def test_generalized_forces_frames_and_power():
+    import rigidjax.euler_parameters as ep
+
+    rng = np.random.default_rng(7)
+    body = RigidBody(1.5, np.array([[1.0, 0.1, 0.0], [0.1, 2.0, 0.2], [0.0, 0.2, 2.5]]), resistance=np.zeros((6, 6)))
+    th = rng.normal(size=4)
+    th /= np.linalg.norm(th)
+    model = EPModel(body, reference=np.concatenate([np.zeros(3), th]))
+    x = model.reference
+    w_body = rng.normal(size=3)
+    v = jnp.concatenate([jnp.array([[0.3, -0.2, 0.1]]), euler_parameter_rates(x[:, 3:], w_body[None])], -1)
+    f, tau_w = rng.normal(size=3), rng.normal(size=3)
+    R = np.asarray(so3.to_matrix(jnp.asarray(th)))
+    # a torque given in the world frame acts like the same torque rotated into the body
+    Qw = ep.generalized_forces(model, x, v, np.concatenate([f, tau_w]), "world")
+    Qb = ep.generalized_forces(model, x, v, np.concatenate([f, R.T @ tau_w]), "body")
+    np.testing.assert_allclose(np.asarray(Qw), np.asarray(Qb), atol=1e-13)
+    # power: theta_t . Q_rot = omega . tau (the gyroscopic term does no work)
+    power = float(np.asarray(v)[0, 3:] @ np.asarray(Qb)[0, 3:])
+    assert power == pytest.approx(w_body @ (R.T @ tau_w), rel=1e-12)
+    # kinetic energy from the mass matrix equals m|v|^2/2 + omega.I omega/2
+    M = np.asarray(ep.mass_matrix(model, x))
+    T = 0.5 * np.asarray(v).ravel() @ M @ np.asarray(v).ravel()
+    J = np.asarray(body.inertia)
+    assert T == pytest.approx(0.5 * 1.5 * 0.14 + 0.5 * w_body @ J @ w_body, rel=1e-12)
