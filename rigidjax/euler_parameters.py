@@ -64,7 +64,7 @@ Output variables with the seed's names are in :func:`output`.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal
+from typing import Callable, Literal
 
 import equinox as eqx
 import jax
@@ -74,7 +74,7 @@ import numpy as np
 from . import so3
 from ._util import is_concrete, where_tree
 from .body import RigidBody
-from .info import Status, StepFailure, StepInfo, check, make_info
+from .info import Status, StepInfo, check, make_info
 
 __all__ = [
     "GeneralizedAlpha",
