@@ -21,6 +21,23 @@ from .body import (
 from .info import Status, StepFailure, StepInfo, check
 from .midpoint import gyroscopic_jacobian, gyroscopic_term, midpoint_step
 from .rollout import Trajectory, rollout
+from . import euler_parameters, inertia, identify, io, lqr, reference, synthetic, systems, variational
+from .ensemble import ensemble_rollout
+from .euler_parameters import (
+    EPModel,
+    EPState,
+    GeneralizedAlpha,
+    HolonomicConstraint,
+    SphericalJoint,
+    ep_step,
+    generalized_alpha,
+    newmark,
+)
+from .identify import InertiaFit, fit_inertia
+from .inertia import InertiaProperties
+from .io import DataError, Segment, load, load_csv, load_npz, load_phyphox
+from .synthetic import synthesize_recording
+from .variational import MechanicalSystem, VIState, linearize, vi_state, vi_state_from_configs, vi_step
 
 __version__ = "0.1.0"
 
@@ -43,4 +60,38 @@ __all__ = [
     "midpoint_step",
     "Trajectory",
     "rollout",
+    "ensemble_rollout",
+    "euler_parameters",
+    "inertia",
+    "identify",
+    "io",
+    "lqr",
+    "reference",
+    "synthetic",
+    "systems",
+    "variational",
+    "EPModel",
+    "EPState",
+    "GeneralizedAlpha",
+    "HolonomicConstraint",
+    "SphericalJoint",
+    "ep_step",
+    "generalized_alpha",
+    "newmark",
+    "InertiaFit",
+    "fit_inertia",
+    "InertiaProperties",
+    "DataError",
+    "Segment",
+    "load",
+    "load_csv",
+    "load_npz",
+    "load_phyphox",
+    "synthesize_recording",
+    "MechanicalSystem",
+    "VIState",
+    "linearize",
+    "vi_state",
+    "vi_state_from_configs",
+    "vi_step",
 ]

@@ -983,7 +983,7 @@ def simulate_scenario(dt: float, t_end: float, *, rho_inf: float = 0.9) -> tuple
         ``t`` (n+1,) s; ``columns``: ``t, x, y, z`` (m), ``qw, qx, qy, qz`` (Euler parameters),
         ``wx, wy, wz`` (body angular velocity, rad/s), each (n+1,); ``summary``:
         ``energy_drift`` and ``angular_momentum_drift`` (max relative change of kinetic energy
-        and ``|L|``), ``max_norm_error`` (max ``| |theta| - 1 |``), ``mean_newton_iterations``,
+        and ``|L|``), ``max_constraint_violation`` (max ``| |theta| - 1 |``), ``mean_newton_iterations``,
         ``max_rotation_per_step`` (rad), ``steps``.
 
     Raises:
@@ -1020,7 +1020,7 @@ def simulate_scenario(dt: float, t_end: float, *, rho_inf: float = 0.9) -> tuple
     summary = {
         "energy_drift": float(np.max(np.abs(E / E[0] - 1))),
         "angular_momentum_drift": float(np.max(np.abs(L / L[0] - 1))),
-        "max_norm_error": float(np.max(np.abs(np.linalg.norm(th, axis=-1) - 1))),
+        "max_constraint_violation": float(np.max(np.abs(np.linalg.norm(th, axis=-1) - 1))),
         "mean_newton_iterations": float(np.mean(np.asarray(traj.info.iterations))),
         "max_rotation_per_step": float(np.max(np.asarray(traj.info.rotation))),
         "steps": float(n),
