@@ -281,13 +281,38 @@ def _core_fast(body, x, q, v, omega, wrench, dt, attitude):
     return tuple(comps[:3]), tuple(comps[3:7]), tuple(comps[7:10]), tuple(comps[10:]), n1, finite > 0
 
 
+def _inv3_arrays(A):
+    """Inverse of (…, 3, 3) by scaled cofactors (rows' cross products), array form."""
+    s = jnp.abs(jnp.trace(A, axis1=-2, axis2=-1))[..., None, None] / 3
+    A = A / s
+    a0, a1, a2 = A[..., 0, :], A[..., 1, :], A[..., 2, :]
+    c0, c1, c2 = jnp.cross(a1, a2), jnp.cross(a2, a0), jnp.cross(a0, a1)
+    det = jnp.sum(a0 * c0, -1)
+    return jnp.stack([c0, c1, c2], -1) / (det[..., None, None] * s)
+
+
+def _solve_arrays(body, w, rhs, dt):
+    """The block elimination of :func:`_solve_blocks` on stacked arrays (no LAPACK call: a
+    batched LAPACK custom call inside a vmapped scan can deadlock XLA:CPU's 2-thread pool,
+    see benchmarks/README.md)."""
+    R = body.resistance
+    m_dt = (jnp.asarray(body.mass) / dt)[..., None, None] * jnp.eye(3, dtype=w.dtype)
+    A11, A12, A21 = m_dt + R[..., :3, :3], R[..., :3, 3:], R[..., 3:, :3]
+    A22 = body.inertia / dt[..., None, None] + R[..., 3:, 3:] - 0.5 * gyroscopic_jacobian(body.inertia, w)
+    inv11 = _inv3_arrays(A11)
+    P = inv11 @ A12
+    y1 = _apply(inv11, rhs[..., :3])
+    x2 = _apply(_inv3_arrays(A22 - A21 @ P), rhs[..., 3:] - _apply(A21, y1))
+    return jnp.concatenate([y1 - _apply(P, x2), x2], -1)
+
+
 def _core_reference(body, x, q, v, omega, wrench, dt, attitude):
-    """The same step on stacked arrays with a general LU solve (used for derivatives only).
+    """The same step on stacked arrays (used for derivatives only).
 
     Mathematically identical to :func:`_core_fast`. Its JVP is what ``jax.grad``/``jvp``
     differentiate: differentiating the per-component graph makes XLA:CPU duplicate the
     shared cotangent chains the same way it duplicated the primal ones (reverse mode was
-    ~50x the forward cost), while this form transposes into a few batched array ops (~3x).
+    ~50x the forward cost), while this form transposes into a few batched array ops.
     """
     dtype = omega[0].dtype
     x, q, v, w = _stack(x), _stack(q), _stack(v), _stack(omega)
@@ -297,7 +322,7 @@ def _core_reference(body, x, q, v, omega, wrench, dt, attitude):
         F = F + jnp.asarray(wrench, dtype)
     V = jnp.concatenate([v, w], -1)
     rhs = F - _apply(body.resistance, V)
-    V1 = V + jnp.linalg.solve(step_matrix(body, w, jnp.asarray(dt)[..., None, None]), rhs[..., None])[..., 0]
+    V1 = V + _solve_arrays(body, w, rhs, jnp.asarray(dt))
     v1, w1 = V1[..., :3], V1[..., 3:]
     w_att = w1 if attitude == "new" else 0.5 * (w + w1)
     q1 = so3.normalize(so3.multiply(q, so3.exp(jnp.asarray(dt)[..., None] * w_att)))
