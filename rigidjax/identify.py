@@ -74,7 +74,7 @@ from .info import Status, make_info
 from .midpoint import gyroscopic_jacobian, midpoint_step
 from .rollout import rollout
 
-__all__ = ["InertiaFit", "FitError", "fit_inertia", "simulate_omega", "decoupled_midpoint_step", "parse_scale", "STATUS"]
+__all__ = ["InertiaFit", "FitError", "fit_inertia", "simulate_omega", "decoupled_midpoint_step", "parse_scale", "STATUS", "POOR_FIT"]
 
 #: Solver outcome per problem (segment or joint fit).
 STATUS = {0: "converged", 1: "max_steps", 2: "nonfinite", 3: "stalled"}
@@ -565,6 +565,120 @@ def _lm(prob: _Problems, x0, rows, max_steps: int, state=None, progress=None):
     return st
 
 
+def _noise_and_signal(seg: Segment) -> tuple[float, float]:
+    """(noise, signal) RMS of one segment's measured rates, rad/s. Noise: robust (1.4826 MAD)
+    scale of the second differences ``w[i+1] - 2 w[i] + w[i-1]`` over ``sqrt(6)`` (white noise of
+    variance s^2 gives differences of variance 6 s^2; the smooth flip contributes ~|w''| dt^2,
+    so on real data this is an upper bound of the noise). Signal: RMS of the rates about their
+    mean (the variation a fitted model has to explain)."""
+    w = seg.omega
+    if seg.n < 3:
+        return 0.0, float(np.sqrt(np.mean((w - w.mean(0)) ** 2)))
+    d2 = (w[2:] - 2 * w[1:-1] + w[:-2]).reshape(-1)
+    noise = 1.4826 * float(np.median(np.abs(d2 - np.median(d2)))) / math.sqrt(6)
+    return noise, float(np.sqrt(np.mean((w - w.mean(0)) ** 2)))
+
+
+#: Per-segment quality rule (see :func:`fit_inertia`): a residual RMS above ``_POOR_MEDIAN``
+#: times the median over the fit's segments, or above ``_POOR_SIGNAL`` times the segment's own
+#: signal RMS, and above ``_POOR_NOISE`` times its noise estimate, is a poor fit.
+_POOR_MEDIAN, _POOR_SIGNAL, _POOR_NOISE = 5.0, 0.25, 10.0
+#: Refit trigger (looser than the rule, so the refit sees every candidate): 3x median, 10 % signal.
+_SUSPECT_MEDIAN, _SUSPECT_SIGNAL = 3.0, 0.10
+POOR_FIT = "poor_fit"
+
+
+def _segment_rms(st, segs) -> np.ndarray:
+    return np.sqrt(st["rss"][:, 0] / np.array([3.0 * s.n for s in segs]))
+
+
+def _rescue(spec: _Spec, data, segs, st, n_lat: int, phase1_steps: int, max_steps: int, chunk: int, tick):
+    """Per-segment mode: refit the segments whose residual is far above the consensus, IN PLACE
+    of ``st`` where a refit ends at a lower cost.
+
+    A segment is a suspect when its residual RMS exceeds ``_SUSPECT_MEDIAN`` x the median over
+    segments or ``_SUSPECT_SIGNAL`` x its own signal RMS (a torque-free model that leaves that
+    much of a one-second flip unexplained sits in a wrong basin: on the racquet flips the good
+    fits leave 1-5 %). Its new starts, all run batched through the same compiled evaluator:
+
+    * consensus: the shared parameters of the good segment nearest the median (a medoid, so a
+      physical point), omega0 from the first sample and from the suspect's own fit;
+    * continuation (with drag): the simplest model's equation-error inertia with the drag held
+      at exactly zero (``d = 0`` is a stationary point of ``c = d^2``: the LM then solves the
+      drag-free problem), then the drag switched on at the consensus value and refitted.
+
+    Whichever start ends lowest is kept; every start gets ``phase1_steps``, the best per
+    segment continues up to ``max_steps``.
+    """
+    n = len(segs)
+    rms = _segment_rms(st, segs)
+    signal = np.array([_noise_and_signal(s)[1] for s in segs])
+    fine = st["ok"] & np.isfinite(rms)
+    if not fine.any():
+        return
+    med = float(np.median(rms[fine]))
+    suspect = ~fine | (rms > _SUSPECT_MEDIAN * med) | (rms > _SUSPECT_SIGNAL * signal)
+    if not suspect.any():
+        return
+    bad = np.flatnonzero(suspect)
+    good = np.flatnonzero(~suspect)
+    x = st["x"]
+    P = x.shape[1]
+    lat = np.abs(x[:, :3])  # L = s^2: the sign of s is irrelevant
+    starts = []  # (segment, x0, continuation?)
+    if good.size:
+        z = np.concatenate([lat[good], x[good, 3:n_lat]], 1)
+        medoid = good[np.argmin(np.abs(z - np.median(z, 0)).sum(1))]
+        cons = x[medoid, :n_lat].copy()
+        cons[:3] = np.abs(cons[:3])
+    else:
+        cons = None
+    simple = _Spec(False, None, False, spec.substeps, spec.stepper)
+    for i in bad:
+        w_first = segs[i].omega[0]
+        if cons is not None:
+            for w0 in (w_first, x[i, n_lat:] if P - n_lat == 3 else w_first):
+                x0 = np.zeros(P)
+                x0[:n_lat] = cons
+                x0[n_lat:] = w0
+                starts.append((i, x0, False))
+        if spec.drag:
+            g = _equation_error_guess(segs[i : i + 1], simple)
+            x0 = np.zeros(P)
+            x0[:3] = _moments_to_s(g[0]) if g is not None else np.full(3, 1 / np.sqrt(3))
+            x0[n_lat:] = w_first  # phi = 0 (tensor), d = 0: the drag-free problem
+            starts.append((i, x0, True))
+    if not starts:
+        return
+    seg_of = np.array([a for a, _, _ in starts])
+    x0 = np.stack([b for _, b, _ in starts])
+    cont = np.array([c for _, _, c in starts])
+    prob = _Problems(spec, data, seg_of[:, None], [0], latent=True, chunk=chunk)
+    rows = np.arange(len(starts))
+    if cont.any():  # drag-free fit to convergence, then drag on (the continuation)
+        r = _lm(prob, x0[cont], rows[cont], max_steps, progress=tick)
+        xc = r["x"].copy()
+        d_on = cons[n_lat - spec.n_drag : n_lat] if cons is not None else np.full(spec.n_drag, 0.03)
+        xc[:, n_lat - spec.n_drag : n_lat] = np.maximum(np.abs(d_on), 1e-3)
+        x0[cont] = xc
+    r = _lm(prob, x0, rows, phase1_steps, progress=tick)
+    cost = np.where(r["ok"], r["cost"], np.inf)
+    pick = []
+    for i in bad:
+        k = np.flatnonzero(seg_of == i)
+        pick.append(k[np.argmin(cost[k])])
+    pick = np.array(pick)
+    keep = {k: v[pick].copy() for k, v in r.items()}
+    r = _lm(prob, keep["x"], pick, max_steps, state=keep, progress=tick)
+    better = r["ok"] & (~st["ok"][bad] | (r["cost"] < st["cost"][bad]))
+    for key in st:
+        if key == "it":
+            st[key][bad] = np.where(better, st[key][bad] + r[key], st[key][bad])
+        else:
+            mask = better.reshape((-1,) + (1,) * (st[key].ndim - 1))
+            st[key][bad] = np.where(mask, r[key], st[key][bad])
+
+
 def _equation_error_guess(segs: list[Segment], spec: _Spec):
     """Linear (equation-error) estimate of inertia and drag, up to scale: the smallest right
     singular vector of the stacked Euler equations ``I w' + w x I w + D w = 0`` with ``w'`` from
@@ -915,6 +1029,13 @@ class InertiaFit:
             lines.append(row)
         lines.append("")
         if self.mode == "per-segment":
+            n_poor = sum(s["status"] == POOR_FIT for s in self.segments)
+            if n_poor:
+                lines.append(
+                    f"{POOR_FIT}: {n_poor} segment(s) with an implausible residual (> {_POOR_MEDIAN:g}x the median "
+                    f"or > {_POOR_SIGNAL:g}x the signal RMS, and > {_POOR_NOISE:g}x the noise): a wrong local "
+                    "minimum or a window that is not free flight; EXCLUDED from the medians below"
+                )
             lines.append(f"combined over {self.combined.get('n', 0)} converged segment(s): median ± robust spread (1.4826 MAD)")
             for k in self.estimates:
                 c = self.combined["all"].get(k, {})
@@ -1109,6 +1230,7 @@ def fit_inertia(
         best = np.arange(n) * starts + np.argmin(cost, axis=1)
         keep = {k: v[best].copy() for k, v in st.items()}
         st = _lm(lat, keep["x"], best, max_steps, state=keep, progress=tick)
+        _rescue(spec, data, segs, st, n_lat, phase1_steps, max_steps, chunk, tick)
         problems = [([i], [0]) for i in range(n)]
         xs, statuses, iters, oks = st["x"], st["status"], st["it"], st["ok"]
 
@@ -1171,28 +1293,51 @@ def fit_inertia(
         )
         result.options["sigma"] = f["sigma"]
     else:
+        # quality rule, independent of the optimiser's stationarity (see the docstring)
+        med_rms = float(np.median([r_["rms"] for r_ in rows]))
+        for j, r_ in enumerate(rows):
+            noise, signal = _noise_and_signal(segs[j])
+            r_["noise"] = noise
+            implausible = r_["rms"] > _POOR_MEDIAN * med_rms or r_["rms"] > _POOR_SIGNAL * signal
+            if r_["status"] == "converged" and implausible and r_["rms"] > _POOR_NOISE * noise:
+                r_["status"] = fits[j]["status"] = POOR_FIT
         per = [f["estimates"] for f in fits if f["status"] == "converged"]
         keys = list(fits[0]["estimates"])
         combined = {"n": len(per), "all": _summary(per, keys), "by_comment": {}}
         for com in dict.fromkeys(r_["comment"] for r_ in rows):
             vals = [r_["estimates"] for r_ in rows if r_["comment"] == com and r_["status"] == "converged"]
             combined["by_comment"][com] = _summary(vals, keys)
-        n_bad = sum(f["status"] != "converged" for f in fits)
+        n_poor = sum(f["status"] == POOR_FIT for f in fits)
+        n_bad = sum(f["status"] not in ("converged", POOR_FIT) for f in fits)
+        why = []
+        if n_bad:
+            why.append(f"{n_bad} of {len(fits)} segment(s) did not converge")
+        if n_poor:
+            why.append(f"{n_poor} of {len(fits)} segment(s) {POOR_FIT} (local minimum?)")
         result = InertiaFit(
             mode="per-segment", options=options,
             estimates={k: v["median"] for k, v in combined["all"].items()},
             uncertainties={k: v["spread"] for k, v in combined["all"].items()},
             segments=rows, combined=combined, rms=rms,
-            status="converged" if n_bad == 0 else f"{n_bad} of {len(fits)} segment(s) did not converge",
+            status="; ".join(why) + ", excluded from the medians" if why else "converged",
         )
     result._model = {k: (np.stack(v) if k != "stepper" else v) for k, v in model.items()}
     result._data = segs
-    bad = [r_["name"] + ": " + r_["status"] for r_ in result.segments if r_["status"] != "converged"]
+    bad = [r_["name"] + ": " + r_["status"] for r_ in result.segments if r_["status"] not in ("converged", POOR_FIT)]
     if bad:
         warnings.warn(
             "fit_inertia: the fit did not converge for " + "; ".join(dict.fromkeys(bad)) +
             " (max_steps: raise max_steps; stalled: no descent direction found; nonfinite: the simulation "
             "failed, check the data and substeps)",
+            stacklevel=2,
+        )
+    poor = [f"{r_['name']} (rms {r_['rms']:.3g} rad/s)" for r_ in result.segments if r_["status"] == POOR_FIT]
+    if poor:
+        warnings.warn(
+            f"fit_inertia: {POOR_FIT} (local minimum?) for " + "; ".join(poor) + f": residual RMS above "
+            f"{_POOR_MEDIAN:g}x the median over segments or {_POOR_SIGNAL:g}x the segment's signal RMS, and above "
+            f"{_POOR_NOISE:g}x its noise estimate, although the optimiser stopped at a stationary point; "
+            "excluded from the combined medians (inspect the segment: fit.predict(i))",
             stacklevel=2,
         )
     return result
