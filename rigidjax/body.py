@@ -24,6 +24,7 @@ import numpy as np
 from . import so3
 
 __all__ = [
+    "check_step_inputs",
     "RigidBody",
     "RigidBodyState",
     "check_inertia",
@@ -76,7 +77,11 @@ def check_inertia(inertia, name: str = "inertia", rtol: float = 1e-9) -> None:
     """
     if not _concrete(inertia):
         return
-    J = np.asarray(inertia, dtype=float)
+    J = np.asarray(inertia)
+    if np.issubdtype(J.dtype, np.floating):
+        # round-off of the stored dtype (float32: ~1e-7) must not reject the equality cases
+        rtol = max(rtol, 64 * float(np.finfo(J.dtype).eps))
+    J = J.astype(float)
     if not np.all(np.isfinite(J)):
         raise ValueError(f"{name} contains NaN or inf")
     scale = np.abs(np.trace(J, axis1=-2, axis2=-1))[..., None, None] + 1e-300
@@ -131,27 +136,42 @@ class RigidBody(eqx.Module):
     def __init__(self, mass, inertia, resistance=None, gravity=None):
         mass = _float_array(mass, "mass")
         inertia = inertia_tensor(_float_array(inertia, "inertia"))
-        dtype = jnp.result_type(mass, inertia)
-        batch = inertia.shape[:-2]
+        if resistance is not None:
+            resistance = _float_array(resistance, "resistance")
+            if resistance.ndim < 2 or resistance.shape[-2:] != (6, 6):
+                raise ValueError(f"resistance must have shape (6, 6) (on the twist (v, omega)); got {resistance.shape}")
+        if gravity is not None:
+            gravity = _float_array(gravity, "gravity")
+            if gravity.ndim < 1 or gravity.shape[-1:] != (3,):
+                raise ValueError(f"gravity must have shape (3,) (world frame, m/s^2); got {gravity.shape}")
+        # one float dtype for every field (mixed precision would fail deep inside XLA)
+        given = [a for a in (mass, inertia, resistance, gravity) if a is not None]
+        dtype = jnp.result_type(*[a.dtype for a in given])
+        shapes = {"mass": mass.shape, "inertia": inertia.shape[:-2]}
+        if resistance is not None:
+            shapes["resistance"] = resistance.shape[:-2]
+        if gravity is not None:
+            shapes["gravity"] = gravity.shape[:-1]
+        try:
+            batch = jnp.broadcast_shapes(*shapes.values())
+        except ValueError:
+            raise ValueError(
+                "RigidBody: the ensemble (batch) shapes of the fields do not match: "
+                + ", ".join(f"{k} {v}" for k, v in shapes.items())
+            ) from None
         if resistance is None:
-            resistance = jnp.zeros((*batch, 6, 6), dtype)
-        resistance = _float_array(resistance, "resistance")
-        if resistance.shape[-2:] != (6, 6):
-            raise ValueError(f"resistance must have shape (6, 6) (on the twist (v, omega)); got {resistance.shape}")
+            resistance = jnp.zeros((6, 6), dtype)
         if gravity is None:
-            gravity = jnp.zeros((*batch, 3), dtype)
-        gravity = _float_array(gravity, "gravity")
-        if gravity.shape[-1:] != (3,):
-            raise ValueError(f"gravity must have shape (3,) (world frame, m/s^2); got {gravity.shape}")
+            gravity = jnp.zeros(3, dtype)
         for a, n in ((mass, "mass"), (resistance, "resistance"), (gravity, "gravity")):
             _finite(a, n)
         if _concrete(mass) and np.any(np.asarray(mass) <= 0):
             raise ValueError(f"mass must be > 0 kg; got {np.asarray(mass)}")
         check_inertia(inertia)
-        self.mass = mass
-        self.inertia = inertia
-        self.resistance = resistance
-        self.gravity = gravity
+        self.mass = jnp.broadcast_to(jnp.asarray(mass, dtype), batch)
+        self.inertia = jnp.broadcast_to(jnp.asarray(inertia, dtype), (*batch, 3, 3))
+        self.resistance = jnp.broadcast_to(jnp.asarray(resistance, dtype), (*batch, 6, 6))
+        self.gravity = jnp.broadcast_to(jnp.asarray(gravity, dtype), (*batch, 3))
 
     @property
     def principal_moments(self) -> jax.Array:
@@ -207,7 +227,14 @@ class RigidBodyState(eqx.Module):
                 a = jnp.asarray(a, dtype)
                 if a.ndim == 0 or a.shape[-1] != size:
                     raise ValueError(f"{name} must have shape (…, {size}); got {a.shape}")
-                batch = jnp.broadcast_shapes(batch, a.shape[:-1])
+                try:
+                    batch = jnp.broadcast_shapes(batch, a.shape[:-1])
+                except ValueError:
+                    shapes = {k: jnp.shape(v) for k, v in arrays.items() if v is not None}
+                    raise ValueError(
+                        "RigidBodyState: the ensemble (batch) shapes of the fields do not match: "
+                        + ", ".join(f"{k} {v}" for k, v in shapes.items())
+                    ) from None
         position = jnp.zeros((*batch, 3), dtype) if position is None else jnp.asarray(position, dtype)
         velocity = jnp.zeros((*batch, 3), dtype) if velocity is None else jnp.asarray(velocity, dtype)
         angular_velocity = (
@@ -231,11 +258,16 @@ class RigidBodyState(eqx.Module):
                     f"orientation must be a unit quaternion [w, x, y, z] (|q| = 1 within {tol:.1e}); "
                     f"got |q| = {norm}. Normalise it with rigidjax.so3.normalize if intended."
                 )
-        self.time = time
-        self.position = position
-        self.orientation = orientation
-        self.velocity = velocity
-        self.angular_velocity = angular_velocity
+        if time.shape != batch:
+            try:
+                batch = jnp.broadcast_shapes(batch, time.shape)
+            except ValueError:
+                raise ValueError(f"RigidBodyState: time has shape {time.shape}, the other fields batch shape {batch}") from None
+        self.time = jnp.broadcast_to(time, batch)
+        self.position = jnp.broadcast_to(position, (*batch, 3))
+        self.orientation = jnp.broadcast_to(orientation, (*batch, 4))
+        self.velocity = jnp.broadcast_to(velocity, (*batch, 3))
+        self.angular_velocity = jnp.broadcast_to(angular_velocity, (*batch, 3))
 
     @property
     def twist(self) -> jax.Array:
@@ -251,6 +283,31 @@ class RigidBodyState(eqx.Module):
     def angular_velocity_world(self) -> jax.Array:
         """Angular velocity in the WORLD frame, rad/s, (…, 3)."""
         return so3.rotate(self.orientation, self.angular_velocity)
+
+
+def check_step_inputs(body: RigidBody, state: RigidBodyState, wrench, dt, where: str) -> None:
+    """Boundary checks shared by the rigid-body steppers (shapes and dtypes are static, so they
+    run under ``jit`` too; the value of ``dt`` only where it is concrete)."""
+    if wrench is not None and (jnp.ndim(wrench) == 0 or jnp.shape(wrench)[-1] != 6):
+        raise ValueError(
+            f"{where}: wrench must have shape (…, 6) = (force in world N, torque in body N m); got {jnp.shape(wrench)}"
+        )
+    b_dtype, s_dtype = body.inertia.dtype, state.angular_velocity.dtype
+    if b_dtype != s_dtype:
+        raise TypeError(
+            f"{where}: body is {b_dtype} but state is {s_dtype}; build both with the same float dtype "
+            "(rigidjax follows the input dtype and does not cast silently)"
+        )
+    b_batch, s_batch = body.mass.shape, state.time.shape
+    if b_batch and tuple(jnp.broadcast_shapes(b_batch, s_batch)) != tuple(s_batch):
+        raise ValueError(
+            f"{where}: body has ensemble shape {b_batch} but state has {s_batch}; give the state the same "
+            "leading axes, or jax.vmap over bodies and states together"
+        )
+    if _concrete(dt):
+        d = np.asarray(dt)
+        if not np.all(np.isfinite(d)) or np.any(d <= 0):
+            raise ValueError(f"{where}: dt must be finite and > 0 s; got {d}")
 
 
 def _apply(inertia, w):

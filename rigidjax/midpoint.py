@@ -46,7 +46,7 @@ from jaxlie.utils import get_epsilon
 
 from . import so3
 from ._util import where_tree
-from .body import RigidBody, RigidBodyState
+from .body import RigidBody, RigidBodyState, check_step_inputs
 from .info import Status, StepInfo, make_info
 
 __all__ = ["gyroscopic_term", "gyroscopic_jacobian", "midpoint_step", "step_matrix", "step_solve"]
@@ -359,11 +359,17 @@ def midpoint_step(
         state: :class:`RigidBodyState` at time ``t``.
         wrench: applied wrench ``(6,)`` = (force in WORLD, N; torque in BODY about the centre
             of mass, N m), held over the step; ``None`` for zero. Gravity comes from ``body``.
-        dt: step, s (scalar > 0; check at the boundary with :func:`rigidjax.rollout`).
+        dt: step, s, scalar > 0 (checked where concrete; inside ``jit`` a traced ``dt`` is
+            not inspected: :func:`rigidjax.rollout` checks it before tracing).
         attitude: ``"new"`` turns the orientation by ``exp(dt omega')`` as in the seed (first
             order in attitude); ``"midpoint"`` by ``exp(dt (omega + omega')/2)`` (second order).
         max_rotation: rad; a step with ``|omega| dt`` above it is flagged
             ``Status.ROTATION_LIMIT`` (state still advanced). ``inf`` disables the flag.
+
+    Raises:
+        ValueError: ``wrench`` not of shape ``(…, 6)``; ``dt <= 0`` or NaN (concrete);
+            body and state batch shapes that do not match.
+        TypeError: body and state of different float dtypes (e.g. float64 body, float32 state).
 
     Returns:
         ``(new_state, info)``. ``info.rotation`` is ``max(|omega|, |omega'|) * dt``;
@@ -372,6 +378,7 @@ def midpoint_step(
     """
     if attitude not in ("new", "midpoint"):
         raise ValueError(f"attitude must be 'new' or 'midpoint'; got {attitude!r}")
+    check_step_inputs(body, state, wrench, dt, "midpoint_step")
     dtype = state.angular_velocity.dtype
     dt = jnp.asarray(dt, dtype)
     v = _comps(state.velocity, 3)
