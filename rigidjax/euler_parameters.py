@@ -752,7 +752,11 @@ def ep_step(
         torque_frame: ``"body"`` or ``"world"``.
         rtol, atol: Newton stops when the increment of the new accelerations and of the
             multipliers is below ``atol + rtol * |value|`` (max norms, per block); default
-            ``sqrt(eps)`` of the dtype (quadratic convergence then leaves round-off).
+            ``sqrt(eps)`` of the dtype (quadratic convergence then leaves round-off). The
+            position-correction multipliers (``stabilized=True``) are also accepted once the
+            position change they make is below ``8 eps |x|``, the positions' resolution, so
+            float32 (and very small ``dt``) converge with the defaults; ``stabilized=False``
+            in float32 needs looser tolerances (e.g. ``rtol = atol = 1e-3``).
         max_iterations: Newton's iteration cap.
         max_rotation: rad; ``max_i |omega_i| dt`` above it is flagged ``Status.ROTATION_LIMIT``
             (state advanced; accuracy degrades: the energy error of a heavy top over 10^4
@@ -848,8 +852,16 @@ def ep_step(
             small_a = jnp.max(jnp.abs(d[:n])) <= atol + rtol * jnp.max(jnp.abs(z1[:n]))
             dl, zl = d[n : n + nc], z1[n : n + nc]
             small_l = jnp.max(jnp.abs(dl), initial=0.0) <= atol + rtol * jnp.max(jnp.abs(zl), initial=0.0)
-            # mu is O(h^3): its increment is compared with the accelerations' scale
-            small_l &= jnp.max(jnp.abs(d[n + nc :]), initial=0.0) <= atol + rtol * jnp.max(jnp.abs(z1[:n]))
+            # mu is O(h^3): its increment is compared with the accelerations' scale, or accepted
+            # once the position correction it makes, beta_p h^2 |d_mu| (constraint gradients
+            # O(1)), is below the resolution of the positions: the position rows are evaluated
+            # to ~eps |x| only, so in float32 (or at tiny h) the iteration cannot reduce d_mu
+            # below ~eps |x| / (beta_p h^2) and would otherwise stall (MAX_ITERATIONS)
+            d_mu = jnp.max(jnp.abs(d[n + nc :]), initial=0.0)
+            x_scale = jnp.maximum(1.0, jnp.max(jnp.abs(model.reference + unpack(z1)[2])))
+            small_l &= (d_mu <= atol + rtol * jnp.max(jnp.abs(z1[:n]))) | (
+                beta_p * h * h * d_mu <= 8 * eps * x_scale
+            )
             status = jnp.where(singular, Status.SINGULAR, jnp.where(nonfinite, Status.NONFINITE, Status.SUCCESS))
             status = status.astype(jnp.int32)
             done = small_a & small_l & (status == Status.SUCCESS)
