@@ -32,7 +32,31 @@ def test_simulate_other_steppers(stepper, tmp_path, capsys):
     assert "energy_drift" in text and "max_constraint_violation" in text
 
 
-@pytest.mark.parametrize("argv", [["simulate", "--dt", "0"], ["simulate", "--dt", "-1"], ["simulate", "--t-end", "0"]])
-def test_simulate_bad_arguments(argv, tmp_path):
-    with pytest.raises(SystemExit, match="must be > 0"):
-        main(argv + ["--out", str(tmp_path / "x.csv")])
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["simulate", "--dt", "0"], "must be > 0"),
+        (["simulate", "--dt", "-1"], "must be > 0"),
+        (["simulate", "--dt", "nan"], "must be > 0"),
+        (["simulate", "--t-end", "0"], "must be > 0"),
+        (["simulate", "--dt", "1e-7"], "choose a larger --dt"),
+    ],
+)
+def test_simulate_bad_arguments(argv, match, tmp_path, capsys):
+    assert main(argv + ["--out", str(tmp_path / "x.csv")]) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_simulate_reaches_t_end(tmp_path):
+    # t_end not a multiple of dt, and dt > t_end: a whole number of steps reaching t_end
+    out = tmp_path / "t.csv"
+    assert main(["simulate", "--dt", "0.03", "--t-end", "0.1", "--out", str(out)]) == 0
+    assert pd.read_csv(out)["t"].iloc[-1] == pytest.approx(0.12)
+    assert main(["simulate", "--dt", "0.2", "--t-end", "0.3", "--out", str(out)]) == 0
+    assert len(pd.read_csv(out)) == 3
+
+
+def test_simulate_too_large_step_is_a_clear_error(tmp_path, capsys):
+    # |omega| dt = 2 rad: checked mode refuses it with the reason
+    assert main(["simulate", "--dt", "1", "--t-end", "3", "--out", str(tmp_path / "t.csv")]) == 2
+    assert "ROTATION_LIMIT" in capsys.readouterr().err
