@@ -16,7 +16,6 @@ import time
 from functools import partial
 from pathlib import Path
 
-import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
 INERTIA = (1.0, 2.0, 3.0)

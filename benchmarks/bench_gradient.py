@@ -22,7 +22,7 @@ import math
 from ._common import DT, machine, standard_case, table, timed, write_json
 
 
-def _loss_fn(stepper, n, k):
+def _loss_fn(stepper, n, k, members=None):
     import jax.numpy as jnp
 
     import rigidjax as rj
@@ -31,6 +31,11 @@ def _loss_fn(stepper, n, k):
     body0 = rj.RigidBody(1.0, jnp.diag(jnp.array([1.0, 2.0, 3.0])))
 
     def loss(inertia, omega0):
+        if members is not None:  # an ensemble: vmap of the single-body loss over omega0 (N, 3)
+            import jax
+
+            single, _ = _loss_fn(stepper, n, k)
+            return jnp.sum(jax.vmap(single, in_axes=(None, 0))(inertia, omega0))
         if stepper.startswith("midpoint"):
             m = rj.RigidBody(body0.mass, inertia)
             s = rj.RigidBodyState(angular_velocity=omega0)
@@ -57,12 +62,14 @@ def main(argv=None):
     w0 = jnp.array([0.01, 2.0, 0.0])
     cost = []
     for stepper in args.steppers.split(","):
+      for N in (1, 256):
         n = 1000
         for k in (None, 32):
-            loss, I0 = _loss_fn(stepper, n, k)
-            _, t_f, _, _ = timed(jax.jit(loss), I0, w0)
-            _, t_g, _, _ = timed(jax.jit(jax.grad(loss, argnums=(0, 1))), I0, w0)
-            row = {"stepper": stepper, "n_steps": n, "checkpoint_every": k or "-", "forward_s": t_f, "grad_s": t_g, "grad/forward": t_g / t_f}
+            loss, I0 = _loss_fn(stepper, n, k, None if N == 1 else N)
+            w = w0 if N == 1 else jnp.broadcast_to(w0, (N, 3)) + 0.0
+            _, t_f, _, _ = timed(jax.jit(loss), I0, w)
+            _, t_g, _, _ = timed(jax.jit(jax.grad(loss, argnums=(0, 1))), I0, w)
+            row = {"stepper": stepper, "N": N, "n_steps": n, "checkpoint_every": k or "-", "forward_s": t_f, "grad_s": t_g, "grad/forward": t_g / t_f}
             cost.append(row)
             print(table([row], COST_COLS).splitlines()[-1], flush=True)
     mem = []
@@ -85,7 +92,7 @@ def main(argv=None):
     print("wrote", write_json("bench_gradient", {"machine": machine(), "cost": cost, "memory": mem}))
 
 
-COST_COLS = ["stepper", "n_steps", "checkpoint_every", "forward_s", "grad_s", "grad/forward"]
+COST_COLS = ["stepper", "N", "n_steps", "checkpoint_every", "forward_s", "grad_s", "grad/forward"]
 MEM_COLS = ["n_steps", "forward_temp_MB", "plain_temp_MB", "k", "checkpointed_temp_MB"]
 
 if __name__ == "__main__":

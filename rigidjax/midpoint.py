@@ -45,7 +45,6 @@ import jax.numpy as jnp
 from jaxlie.utils import get_epsilon
 
 from . import so3
-from ._util import where_tree
 from .body import RigidBody, RigidBodyState, check_step_inputs
 from .info import Status, StepInfo, make_info
 
