@@ -660,7 +660,21 @@ def _new_momentum(system, q1, q2, u, t1, t2, forcing_split):
     return _dyn(system, D2 + fplus)
 
 
-def _step_single(system, state, u, rho, dt, rtol, atol, max_iter, forcing_split):
+def _input_rotation(system, q1, qdot, dt):
+    """Rotation in rad over ``dt`` implied by the INPUT velocity (``|omega| dt`` for a rigid body).
+
+    ``system.rotation`` evaluated on a short probe step ``q1 + s qdot`` (at most 0.01 in the
+    largest coordinate, where the rotation is linear in ``s`` to ~1e-5) and scaled by ``dt / s``:
+    finite for any ``dt`` and independent of whether the step's solve converged.
+    """
+    if system.rotation is None:
+        return jnp.zeros((), q1.dtype)
+    speed = jnp.max(jnp.abs(qdot), initial=0.0)
+    s = jnp.where(speed * dt > 1e-2, 1e-2 / jnp.where(speed > 0, speed, 1), dt)
+    return (system.rotation(q1, q1 + s * qdot) * (dt / s)).astype(q1.dtype)
+
+
+def _step_single(system, state, u, rho, dt, rtol, atol, max_iter, forcing_split, max_rotation):
     q1, p1, t1 = state.q, state.p, state.time
     nd = system.n_dynamic
     guess = jnp.concatenate([_dyn(system, q1 + dt * state.qdot), state.lam])
@@ -678,7 +692,12 @@ def _step_single(system, state, u, rho, dt, rtol, atol, max_iter, forcing_split)
     )
     ok = status == Status.SUCCESS
     residual = jnp.linalg.norm(del_residual(system, jax.lax.stop_gradient(x), q1, p1, u, rho, t1, dt, forcing_split))
-    rot = (system.rotation(q1, q2) if system.rotation is not None else jnp.zeros((), q1.dtype)).astype(q1.dtype)
+    # as midpoint_step / ep_step: max of the input's and the step's rotation on success, the
+    # input's alone on failure (a failed solve's q2 says nothing about the motion)
+    rot = _input_rotation(system, q1, state.qdot, dt)
+    if system.rotation is not None:
+        rot = jnp.where(ok, jnp.maximum(rot, system.rotation(q1, q2).astype(q1.dtype)), rot)
+    status = jnp.where(ok & (rot > max_rotation), Status.ROTATION_LIMIT, status)
     out = where_tree(ok, new, state)
     return out, make_info(status, aux.iterations, jax.lax.stop_gradient(residual), jax.lax.stop_gradient(rot))
 
@@ -693,6 +712,7 @@ def vi_step(
     atol: float | None = None,
     max_iter: int = 20,
     forcing_split: str = "left",
+    max_rotation: float = 0.5,
 ) -> tuple[VIState, StepInfo]:
     r"""One step of the midpoint variational integrator. Pure, jit-able, vmap-able, differentiable.
 
@@ -713,13 +733,20 @@ def vi_step(
             second order without forcing but FIRST order in the forcing, the force acting half
             a step late) or ``"symmetric"`` (``f_d^- = f_d^+ = dt f / 2``: second order with
             forcing, e.g. damping or inputs). Unforced systems give identical results.
+        max_rotation: rad; a successful step whose ``info.rotation`` exceeds it is flagged
+            ``Status.ROTATION_LIMIT`` (state advanced, accuracy degrades: reduce ``dt``);
+            default 0.5 as :func:`rigidjax.midpoint_step`; ``inf`` disables.
 
     Returns:
         ``(new_state, info)``. ``info.status``: ``SUCCESS``, ``MAX_ITERATIONS``, ``SINGULAR``
         (zero pivot in the DEL Jacobian, e.g. a coordinate without inertia), ``NONFINITE``;
         on failure the input state is returned unchanged. ``info.iterations``: Newton
         iterations; ``info.residual``: norm of the DEL residual at the solution;
-        ``info.rotation``: ``system.rotation(q1, q2)`` in rad (0 when the system defines none).
+        ``info.rotation``, rad (0 when the system defines no ``rotation``): on success the
+        larger of ``system.rotation(q1, q2)`` and the rotation implied by the input velocity
+        over ``dt`` (``|omega| dt`` for :func:`rigidjax.systems.rigid_body`); on failure the
+        latter alone, so a too-large ``dt`` shows up there. ``ROTATION_LIMIT``: a successful
+        step above ``max_rotation``.
 
     Raises:
         ValueError: (at trace time) state or inputs of the wrong size, kinematic systems
@@ -737,6 +764,9 @@ def vi_step(
     u, rho = _split_inputs(system, inputs, dtype)
     rtol, atol = _default_tol(dtype, rtol, atol)
     _check_split(forcing_split)
+    max_rotation = float(max_rotation)
+    if not max_rotation > 0:
+        raise ValueError(f"vi_step: max_rotation must be > 0 rad (inf disables the check); got {max_rotation}")
     batch = state.time.shape
     dt = jnp.asarray(dt, dtype)
     if not batch:
@@ -744,14 +774,14 @@ def vi_step(
             raise ValueError(
                 f"vi_step: unbatched state but inputs/dt have batch axes (u {u.shape}, rho {rho.shape}, dt {dt.shape})"
             )
-        return _step_single(system, state, u, rho, dt, rtol, atol, max_iter, forcing_split)
+        return _step_single(system, state, u, rho, dt, rtol, atol, max_iter, forcing_split, max_rotation)
     # ensemble given as a batched state: flatten the batch and vmap the single-member step
     B = int(np.prod(batch))
     flat = lambda a, k: jnp.reshape(jnp.broadcast_to(a, (*batch, *a.shape[a.ndim - k :])), (B, *a.shape[a.ndim - k :]))
     st = VIState(
         time=flat(state.time, 0), q=flat(state.q, 1), p=flat(state.p, 1), lam=flat(state.lam, 1), qdot=flat(state.qdot, 1)
     )
-    fn = jax.vmap(lambda s, uu, rr, hh: _step_single(system, s, uu, rr, hh, rtol, atol, max_iter, forcing_split))
+    fn = jax.vmap(lambda s, uu, rr, hh: _step_single(system, s, uu, rr, hh, rtol, atol, max_iter, forcing_split, max_rotation))
     out, info = fn(st, flat(u, 1), flat(rho, 1), flat(dt, 0))
     unflat = lambda a: jnp.reshape(a, (*batch, *a.shape[1:]))
     return jax.tree_util.tree_map(unflat, out), jax.tree_util.tree_map(unflat, info)

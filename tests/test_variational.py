@@ -527,3 +527,34 @@ def test_fit_pendulum_real_recording(racquet_dir):
     assert abs(fit.inertia_pivot - 0.0968) < 0.0054
     assert fit.damping_rate > 0  # energy is lost, not gained
     assert fit.rms < 0.03  # rad/s, against swing rates of ~1.6 rad/s
+
+
+def test_step_rotation_reports_the_input_motion_and_flags_the_limit():
+    """``info.rotation`` is ``|omega| dt`` of the INPUT state on failure; ROTATION_LIMIT above 0.5 rad.
+
+    The truth is the input's body rate: ``|omega| dt`` in closed form. The probe-step estimate
+    is linear in the rotation to ~(0.01 rad)^2 / 3 relative, hence rtol 1e-4. One batched
+    call (per-member dt) keeps this to a single compile.
+    """
+    rb = systems.rigid_body(RigidBody(1.0, [1.0, 2.0, 3.0]))
+    w = np.array([[0.01, 2.0, 0.0], [0.01, 200.0, 0.0], [0.01, 2.0, 0.0], [0.01, 2.0, 0.0]])
+    dt = np.array([1.0, 0.01, 0.01, 0.4])  # |omega| dt = 2, 2, 0.02, 0.8 rad
+    s = systems.rigid_body_vi_state(rb, RigidBodyState(angular_velocity=w))
+    import equinox as eqx  # filter_jit: one compile of the batched step (eager dispatch is 3x slower)
+
+    new, info = eqx.filter_jit(vi_step)(rb, s, None, dt)
+    status, rotation = np.asarray(info.status), np.asarray(info.rotation)
+    moved = np.any(np.asarray(new.q) != np.asarray(s.q), axis=-1)
+    # 2 rad per step: the DEL solve fails (MAX_ITERATIONS or SINGULAR), the input is returned
+    # and the rotation is the input's |omega| dt, not that of a failed iterate
+    assert set(status[:2]) <= {Status.MAX_ITERATIONS, Status.SINGULAR}
+    assert not moved[:2].any()
+    np.testing.assert_allclose(rotation[:2], 2.0, rtol=1e-4)
+    # 0.02 rad per step: converged, no flag; the step's rotation is |omega| dt to O(dt^2)
+    assert status[2] == Status.SUCCESS and moved[2]
+    np.testing.assert_allclose(rotation[2], 0.02, rtol=1e-3)
+    # 0.8 rad per step converges but is above the default max_rotation = 0.5: advanced, flagged
+    assert status[3] == Status.ROTATION_LIMIT and moved[3]
+    assert rotation[3] >= 0.8
+    with pytest.raises(ValueError, match="max_rotation"):
+        vi_step(rb, s, None, dt, max_rotation=0.0)
