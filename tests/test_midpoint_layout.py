@@ -45,7 +45,8 @@ TOL = {np.float64: 1e-11, np.float32: 2e-4}
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("batch", [(), (7,), (2, 3)])
+# (2, 3): two batch axes; a separate compilation per dtype, so kept out of the CI budget
+@pytest.mark.parametrize("batch", [(), (7,), pytest.param((2, 3), marks=pytest.mark.slow)])
 def test_step_solve_equals_lu(dtype, batch):
     rng = np.random.default_rng(hash((batch, dtype == np.float32)) % 2**32)
     body = _random_body(rng, batch, dtype=dtype)
