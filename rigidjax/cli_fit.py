@@ -1,7 +1,8 @@
 """``rigidjax fit``: identify inertia ratios (and drag, gyroscope bias) from gyroscope recordings.
 
 Wired into :mod:`rigidjax.cli` by ``add_parser(subparsers)``; ``run(args) -> int`` is the body
-(exit 0: converged; 1: some fit did not converge; 2: bad path, file or option).
+(exit 0: converged; 1: some fit did not converge or is a poor_fit, i.e. an implausible
+residual, a wrong local minimum; 2: bad path, file or option).
 
 Without PATH it runs on an embedded default: a recording synthesised into a temporary folder
 in phyphox's layout (:func:`rigidjax.synthetic.synthesize_recording`, a racquet-like body with
