@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -164,8 +165,21 @@ def _read_table(path: Path, **kw) -> pd.DataFrame:
     return df.apply(lambda col: col.str.strip())
 
 
-def _numeric_columns(df: pd.DataFrame, path: Path, columns, *, allow_empty=False) -> np.ndarray:
-    """Columns as float64 ``(n, len(columns))``; DataError naming line/column on bad cells."""
+def _bad_cell(raw: pd.Series, path: Path, i: int, col: str) -> DataError:
+    cell = raw.iloc[i]
+    what = "empty cell" if cell == "" else ("NaN/inf sample" if cell.lower() in _NONFINITE else f"non-numeric cell {cell!r}")
+    return DataError(f"{_where(path, i + 2, col)}: {what}")
+
+
+_NONFINITE = ("nan", "inf", "-inf", "+inf", "infinity", "-infinity", "+infinity")
+
+
+def _numeric_columns(df: pd.DataFrame, path: Path, columns, *, allow_empty=False, allow_nonfinite=False) -> np.ndarray:
+    """Columns as float64 ``(n, len(columns))``; DataError naming line/column on bad cells.
+
+    ``allow_nonfinite``: empty and NaN/inf cells become NaN (the caller checks the samples it
+    uses, see :func:`_check_finite`); text that is not a number is still an error.
+    """
     out = np.empty((len(df), len(columns)))
     for j, col in enumerate(columns):
         raw = df[col]
@@ -173,13 +187,22 @@ def _numeric_columns(df: pd.DataFrame, path: Path, columns, *, allow_empty=False
         bad = ~np.isfinite(num)
         if allow_empty:
             bad &= raw.to_numpy() != ""
+        if allow_nonfinite:
+            cells = raw.str.lower().to_numpy()
+            bad &= (cells != "") & ~np.isin(cells, _NONFINITE)
+            num = np.where(np.isfinite(num), num, np.nan)
         if bad.any():
-            i = int(np.argmax(bad))
-            cell = raw.iloc[i]
-            what = "empty cell" if cell == "" else ("NaN/inf sample" if cell.lower() in ("nan", "inf", "-inf", "+inf") else f"non-numeric cell {cell!r}")
-            raise DataError(f"{_where(path, i + 2, col)}: {what}")
+            raise _bad_cell(raw, path, int(np.argmax(bad)), col)
         out[:, j] = num
     return out
+
+
+def _check_finite(df: pd.DataFrame, values: np.ndarray, rows: np.ndarray, path: Path, columns) -> None:
+    """DataError naming the first line/column among ``rows`` (indices) whose value is not finite."""
+    bad = ~np.isfinite(values[rows])
+    if bad.any():
+        k, j = np.argwhere(bad)[0]
+        raise _bad_cell(df[columns[j]], path, int(rows[k]), columns[j])
 
 
 def _require_columns(df: pd.DataFrame, path: Path, required) -> None:
@@ -196,7 +219,7 @@ def _check_increasing(t: np.ndarray, path: Path, column: str, first_line: int = 
         i = int(np.argmax(dt <= 0)) + 1
         raise DataError(
             f"{_where(path, i + first_line, column)}: time must be strictly increasing; "
-            f"{t[i]!r} s follows {t[i - 1]!r} s"
+            f"{float(t[i])!r} s follows {float(t[i - 1])!r} s"
         )
 
 
@@ -219,15 +242,16 @@ def _find_exports(path: Path) -> list[Path]:
     return found
 
 
-def _read_phyphox_raw(csv: Path) -> tuple[np.ndarray, np.ndarray]:
+def _read_phyphox_raw(csv: Path, allow_nonfinite: bool = False) -> tuple[np.ndarray, np.ndarray, pd.DataFrame]:
+    """Time (finite, increasing) and rates; ``allow_nonfinite``: NaN/empty rates left for the windows to check."""
     df = _read_table(csv)
     _require_columns(df, csv, (PHYPHOX_TIME, *PHYPHOX_GYRO))
     if len(df) < 2:
         raise DataError(f"{csv}: needs at least 2 samples; got {len(df)}")
     t = _numeric_columns(df, csv, [PHYPHOX_TIME])[:, 0]
     _check_increasing(t, csv, PHYPHOX_TIME)
-    omega = _numeric_columns(df, csv, list(PHYPHOX_GYRO))
-    return t, omega
+    omega = _numeric_columns(df, csv, list(PHYPHOX_GYRO), allow_nonfinite=allow_nonfinite)
+    return t, omega, df
 
 
 def _pause_times(export: Path) -> np.ndarray:
@@ -253,13 +277,15 @@ def _label(export: Path, root: Path) -> str:
         return export.name
 
 
-def _load_export(export: Path, root: Path, keep_only: bool) -> list[Segment]:
+def _load_export(export: Path, root: Path, keep_only: bool) -> tuple[list[Segment], str]:
+    """The export's segments and, where there are none, why (for the caller's error)."""
     csv = export / RAW_DATA
-    t, omega = _read_phyphox_raw(csv)
-    label = _label(export, root)
     seg_file = export / "meta" / "segments.csv"
+    # with windows, only the samples inside the loaded windows need to be finite
+    t, omega, raw = _read_phyphox_raw(csv, allow_nonfinite=seg_file.is_file())
+    label = _label(export, root)
     if not seg_file.is_file():
-        return [Segment(t, omega, name=label, source=str(csv), index=None, comment="")]
+        return [Segment(t, omega, name=label, source=str(csv), index=None, comment="")], ""
     df = _read_table(seg_file)
     _require_columns(df, seg_file, ("start", "end"))
     pauses = _pause_times(export)
@@ -300,6 +326,7 @@ def _load_export(export: Path, root: Path, keep_only: bool) -> list[Segment]:
                 f"{_where(seg_file, line, 'start')}: window [{start}, {end}] s holds {n} sample(s) of {csv}; "
                 "a window needs at least 2"
             )
+        _check_finite(raw, omega, np.flatnonzero(sel), csv, list(PHYPHOX_GYRO))
         tw = t[sel]
         inside = pauses[(pauses > tw[0]) & (pauses < tw[-1])]  # samples on both sides of a pause
         if inside.size:
@@ -319,7 +346,13 @@ def _load_export(export: Path, root: Path, keep_only: bool) -> list[Segment]:
                 keep=keep,
             )
         )
-    return out
+    if out:
+        why = ""
+    elif len(df) == 0:
+        why = f"{seg_file} lists no windows"
+    else:
+        why = f"all {len(df)} windows in {seg_file} are marked keep=false"
+    return out, why
 
 
 def load_phyphox(path, *, keep_only: bool = True) -> list[Segment]:
@@ -339,9 +372,12 @@ def load_phyphox(path, *, keep_only: bool = True) -> list[Segment]:
         the PHONE's body frame (rad/s).
 
     Raises:
-        DataError: no export found; missing columns; non-numeric or NaN cells; non-increasing
-            time; a window with bad bounds, fewer than 2 samples, or outside the recording.
-            Messages name the file, line and column.
+        DataError: no export found; missing columns; non-numeric cells; NaN/inf/empty rates
+            inside a loaded window (or anywhere, without ``segments.csv``; rates outside
+            every loaded window may be NaN); non-finite or non-increasing time; a window with
+            bad bounds, fewer than 2 samples, or outside the recording; nothing to load (a
+            ``segments.csv`` with no rows, or all rows ``keep=false``). Messages name the file,
+            line and column.
     """
     p = Path(path)
     if p.is_file():
@@ -355,8 +391,14 @@ def load_phyphox(path, *, keep_only: bool = True) -> list[Segment]:
         raise DataError(f"{p}: no phyphox export found (no {RAW_DATA!r} in it or below it)")
     root = p if len(exports) > 1 or exports[0] != p else p.parent
     segments: list[Segment] = []
+    empty = []
     for e in exports:
-        segments.extend(_load_export(e, root, keep_only))
+        segs, why = _load_export(e, root, keep_only)
+        segments.extend(segs)
+        if why:
+            empty.append(why)
+    if not segments:
+        raise DataError(f"{p}: no segments to load: " + "; ".join(empty))
     return segments
 
 
@@ -417,6 +459,8 @@ def load_npz(path) -> list[Segment]:
     p = Path(path)
     if not p.is_file():
         raise DataError(f"{p}: no such file")
+    if not zipfile.is_zipfile(p):
+        raise DataError(f"{p}: not a valid NPZ file (an NPZ is a zip archive of .npy arrays, as written by numpy.savez)")
     try:
         z = np.load(p, allow_pickle=False)
     except Exception as e:  # numpy raises several types for corrupt archives
@@ -441,11 +485,15 @@ def load_npz(path) -> list[Segment]:
         dt = np.diff(t)
         if np.any(dt <= 0):
             i = int(np.argmax(dt <= 0)) + 1
-            raise DataError(f"{p}, key 't': time must be strictly increasing; t[{i}] = {t[i]!r} <= t[{i - 1}] = {t[i - 1]!r}")
+            raise DataError(
+                f"{p}, key 't': time must be strictly increasing; t[{i}] = {float(t[i])!r} <= t[{i - 1}] = {float(t[i - 1])!r}"
+            )
     try:
         return [Segment(name=p.stem, source=str(p), comment=comment, **arrays)]
     except DataError as e:
-        raise DataError(f"{p}: {e}") from None
+        # Segment names itself (p.stem); name the file once instead
+        msg = str(e).removeprefix(f"{p.stem}: ")
+        raise DataError(f"{p}: {msg}") from None
 
 
 def load(path, **kw) -> list[Segment]:

@@ -242,3 +242,59 @@ def test_segment_validation():
     s = Segment(np.array([0.0, 0.1]), np.ones((2, 3)))
     with pytest.raises(ValueError):
         s.omega[0, 0] = 2.0  # read-only: segments are values
+
+
+def test_time_error_shows_plain_floats(tmp_path):
+    rows, t = _rows(jitter=False)
+    d = _export(tmp_path, rows[:10] + [rows[8]] + rows[11:])
+    with pytest.raises(DataError, match=r"time must be strictly increasing; 0\.09 s follows 0\.1 s$") as e:
+        load_phyphox(d)
+    assert "np.float64" not in str(e.value)
+    np.savez(tmp_path / "b.npz", t=np.array([0.0, 0.1, 0.1]), omega=np.zeros((3, 3)))
+    with pytest.raises(DataError, match=re.escape("t[2] = 0.1 <= t[1] = 0.1")):
+        load_npz(tmp_path / "b.npz")
+
+
+def test_npz_not_zip_and_name_once(tmp_path):
+    f = tmp_path / "text.npz"
+    f.write_text("t,wx\n0,1\n")
+    with pytest.raises(DataError, match="text.npz: not a valid NPZ file") as e:
+        load_npz(f)
+    assert "pickle" not in str(e.value)
+    np.savez(tmp_path / "npz_2d_t.npz", t=np.zeros((3, 1)), omega=np.zeros((3, 3)))
+    with pytest.raises(DataError) as e:
+        load_npz(tmp_path / "npz_2d_t.npz")
+    msg = str(e.value)
+    assert msg.startswith(str(tmp_path / "npz_2d_t.npz") + ": t must have shape (n,)") and msg.count("npz_2d_t") == 1
+
+
+def test_nan_only_matters_inside_kept_windows(tmp_path):
+    rows, t = _rows(jitter=False)  # t = 0.01 ... 0.50, row k on line k + 2
+    nan_rows = rows[:3] + ["0.04,NaN,0,0,0"] + rows[4:39] + ["0.4,,0,0,0"] + rows[40:]
+    # the NaN at 0.04 s and the empty cell at 0.40 s lie outside the kept window [0.1, 0.3] s
+    # and in a dropped one: the kept window loads, with the file's own values
+    d = _export(tmp_path / "a", nan_rows, ["0,0.1,0.3,,ok", "1,0.35,0.45,false,dropped"])
+    (s,) = load_phyphox(d)
+    np.testing.assert_allclose(s.omega[:, 0], np.sin(s.t), atol=1e-9)  # written with 10 digits
+    # a NaN inside a kept window is still an error naming file, line and column
+    d = _export(tmp_path / "b", nan_rows, ["0,0.02,0.3,,ok"])
+    with pytest.raises(DataError, match=r"Raw Data.csv, line 5, column 'Gyroscope x \(rad/s\)': NaN/inf sample"):
+        load_phyphox(d)
+    # loading the dropped window too (keep_only=False) requires its samples to be finite
+    d = _export(tmp_path / "c", nan_rows, ["0,0.1,0.3,,ok", "1,0.35,0.45,false,dropped"])
+    with pytest.raises(DataError, match=r"line 41, column 'Gyroscope x \(rad/s\)': empty cell"):
+        load_phyphox(d, keep_only=False)
+    # text is malformed anywhere
+    d = _export(tmp_path / "d", rows[:3] + ["0.04,abc,0,0,0"] + rows[4:], ["0,0.1,0.3,,ok"])
+    with pytest.raises(DataError, match="line 5, .*non-numeric cell 'abc'"):
+        load_phyphox(d)
+
+
+def test_no_windows_to_load_says_why(tmp_path):
+    rows, _ = _rows()
+    d = _export(tmp_path / "a", rows, ["0,0.1,0.2,false,x", "1,,,false,y", "2,0.3,0.4,no,z"])
+    with pytest.raises(DataError, match=r"all 3 windows in .*segments.csv are marked keep=false"):
+        load_phyphox(d)
+    d = _export(tmp_path / "b", rows, [])
+    with pytest.raises(DataError, match=r"segments.csv lists no windows"):
+        load_phyphox(d)
