@@ -87,8 +87,18 @@ def parallel_axis(mass, inertia, d) -> jax.Array:
 
     ``inertia`` is about the centre of mass, ``d`` (3,) the vector from the new point to
     the centre of mass (m); ``mass`` kg. Huygens-Steiner theorem.
+
+    Raises:
+        ValueError: ``d`` not of shape (3,), ``inertia`` not (3, 3), ``mass`` not a scalar
+            (shapes are static, so this holds under ``jit`` too).
     """
     d = jnp.asarray(d)
+    if d.shape != (3,):
+        raise ValueError(f"parallel_axis: d (offset from the new point to the centre of mass, m) must have shape (3,); got {d.shape}")
+    if jnp.shape(inertia) != (3, 3):
+        raise ValueError(f"parallel_axis: inertia must have shape (3, 3); got {jnp.shape(inertia)}")
+    if jnp.ndim(mass) != 0:
+        raise ValueError(f"parallel_axis: mass must be a scalar (kg); got shape {jnp.shape(mass)}")
     E = jnp.eye(3, dtype=d.dtype)
     return inertia + mass * (jnp.dot(d, d) * E - jnp.outer(d, d))
 

@@ -18,6 +18,7 @@ from rigidjax.inertia import (
     cylinder,
     from_inertia6,
     hollow_sphere,
+    parallel_axis,
     point_mass,
     rod,
     sphere,
@@ -216,3 +217,13 @@ def test_to_rigid_body_and_gradients():
 def test_rejects_impossible_input(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_parallel_axis_shape_errors_name_the_argument():
+    I = jnp.eye(3)
+    with pytest.raises(ValueError, match=r"parallel_axis: d .* shape \(3,\); got \(2,\)"):
+        parallel_axis(1.0, I, jnp.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match=r"parallel_axis: inertia must have shape \(3, 3\)"):
+        parallel_axis(1.0, jnp.ones(3), jnp.zeros(3))
+    with pytest.raises(ValueError, match=r"parallel_axis: mass must be a scalar"):
+        parallel_axis(jnp.ones(2), I, jnp.zeros(3))
