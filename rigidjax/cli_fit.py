@@ -1,8 +1,10 @@
 """``rigidjax fit``: identify inertia ratios (and drag, gyroscope bias) from gyroscope recordings.
 
 Wired into :mod:`rigidjax.cli` by ``add_parser(subparsers)``; ``run(args) -> int`` is the body
-(exit 0: converged; 1: some fit did not converge or is a poor_fit, i.e. an implausible
-residual, a wrong local minimum; 2: bad path, file or option).
+(exit 0: converged; 1: some fit did not converge, is a poor_fit, i.e. an implausible
+residual, a wrong local minimum, or does not determine the ratios (singular normal equations,
+e.g. a steady spin about one axis); 2: bad path, file or option, or an output folder that
+cannot be created).
 
 Without PATH it runs on an embedded default: a recording synthesised into a temporary folder
 in phyphox's layout (:func:`rigidjax.synthetic.synthesize_recording`, a racquet-like body with
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
@@ -96,6 +99,22 @@ def _plot(result, i: int, out: str) -> None:
     fig.savefig(out, dpi=120)
 
 
+def _z_scores(result, truth) -> dict:
+    """(estimate - truth) / standard error of every estimated quantity with a known truth and a
+    finite, non-zero error (a value fixed by --scale has none), bias components included."""
+    z = {}
+    for k, v in result.estimates.items():
+        e = result.uncertainties.get(k)
+        if isinstance(truth.get(k), (int, float)) and e is not None and math.isfinite(e) and e > 0:
+            z[k] = (v - truth[k]) / e
+    seg = result.segments[0] if len(result.segments) == 1 or result.mode == "joint" else None
+    if seg is not None and "bias" in seg and "bias" in truth:
+        for c, b, e, tb in zip("xyz", seg["bias"], seg["bias_se"], truth["bias"]):
+            if e is not None and math.isfinite(e) and e > 0:
+                z[f"bias_{c}"] = (b - tb) / e
+    return z
+
+
 def run(args) -> int:
     """Body of ``rigidjax fit``; returns the exit code (prints the table to stdout)."""
     import jax
@@ -113,6 +132,13 @@ def run(args) -> int:
         scale = parse_scale(args.scale)
     except FitError as e:
         return _error(str(e))
+
+    for opt, out in (("--json", args.json), ("--plot", args.plot)):
+        if out:  # before the fit, not after it; missing folders are created like simulate --out
+            try:
+                Path(out).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                return _error(f"{opt} {out}: cannot create its folder {Path(out).parent}: {e.strerror or e}")
 
     truth = None
     tmp = None
@@ -189,12 +215,7 @@ def run(args) -> int:
             _plot(result, args.segment, args.plot)
             print(f"wrote {args.plot} (segment {args.segment})")
         if truth is not None:
-            rel = {
-                k: (result.estimates[k] - truth[k]) / result.uncertainties[k]
-                for k in ("Ix/Iy", "Iz/Iy")
-                if k in result.estimates and result.uncertainties.get(k, 0) > 0
-            }
-            print("estimate - truth in standard errors: " + ", ".join(f"{k} {v:+.2f}" for k, v in rel.items()))
+            print("estimate - truth in standard errors: " + ", ".join(f"{k} {v:+.2f}" for k, v in _z_scores(result, truth).items()))
         return 0 if result.converged else 1
     except (DataError, FitError) as e:
         return _error(str(e))

@@ -76,12 +76,19 @@ from .info import Status, make_info
 from .midpoint import gyroscopic_jacobian, midpoint_step
 from .rollout import rollout
 
-__all__ = ["InertiaFit", "FitError", "fit_inertia", "simulate_omega", "decoupled_midpoint_step", "parse_scale", "STATUS", "POOR_FIT"]
+__all__ = [
+    "InertiaFit", "FitError", "fit_inertia", "simulate_omega", "decoupled_midpoint_step", "parse_scale", "STATUS",
+    "POOR_FIT", "UNIDENTIFIABLE",
+]
 
 #: Solver outcome per problem (segment or joint fit). Per segment, the quality rule of
 #: :func:`fit_inertia` may replace "converged" by :data:`POOR_FIT`.
 STATUS = {0: "converged", 1: "max_steps", 2: "nonfinite", 3: "stalled"}
 _DRAG = (None, "isotropic", "diagonal")
+_MIN_SAMPLES = 3  # the equation-error start differentiates the rates (central differences)
+#: Status of a fit whose normal equations are singular at the optimum: the data do not
+#: determine the ratios (e.g. a steady spin about one principal axis); errors are infinite.
+UNIDENTIFIABLE = "converged (ratios not identifiable)"
 _SCALE_KEYS = ("Ix", "Iy", "Iz", "trace")
 
 
@@ -919,8 +926,21 @@ def _estimates_and_se(x_phys, cov, spec: _Spec, scale, n_sh):
         # a known scale value has zero error; singular normal equations give inf
         se[k] = math.sqrt(var) if var >= 0 and np.isfinite(var) else (float("inf") if var == float("inf") else float("nan"))
     if spec.tensor:
-        est["misalignment_deg"] = _misalignment_deg(np.asarray(theta), spec)
-        se["misalignment_deg"] = float("nan")  # not smooth where axes swap: no delta-method error
+        th = np.asarray(theta, float)
+        a0 = _misalignment_deg(th, spec)
+        est["misalignment_deg"] = a0
+        # delta method with a central-difference gradient (the angle is a max/min over axes:
+        # smooth away from ties, where the difference quotient is still a fair local slope)
+        grad = np.zeros(n_sh)
+        for i in range(spec.n_inertia):
+            h = 1e-6 * max(1.0, abs(th[i]))
+            tp, tm = th.copy(), th.copy()
+            tp[i] += h
+            tm[i] -= h
+            grad[i] = (_misalignment_deg(tp, spec) - _misalignment_deg(tm, spec)) / (2 * h)
+        with np.errstate(invalid="ignore", over="ignore"):
+            var = float(grad @ C @ grad) if np.all(np.isfinite(C)) else float("inf")
+        se["misalignment_deg"] = math.sqrt(var) if np.isfinite(var) and var >= 0 else float("inf")
     return est, se
 
 
@@ -932,12 +952,13 @@ def _covariance(A, rss_total, m, p):
     An = A / d[:, None] / d[None, :]
     try:
         w = np.linalg.eigvalsh(An)
-        if w.min() <= 1e-14 * w.max():
+        if not np.all(np.isfinite(w)) or w.min() <= 1e-14 * w.max():
             raise np.linalg.LinAlgError
         inv = np.linalg.inv(An) / d[:, None] / d[None, :]
     except np.linalg.LinAlgError:
-        inv = np.full_like(A, np.inf)
-    return s2 * inv, s2
+        # singular: some combination of parameters is not determined (infinite variance)
+        return np.full_like(A, np.inf), s2, True
+    return s2 * inv, s2, False
 
 
 @functools.lru_cache(maxsize=8)
@@ -957,8 +978,9 @@ class InertiaFit:
             axes over ``I_yy``), ``Ixy/Iy``..., ``Imid/Imin``, ``Imax/Imin``,
             ``misalignment_deg`` (full tensor), ``drag/Iy`` (1/s); with a scale ``Ix, Iy, Iz``
             (kg m^2), ``drag`` (N m s).
-        uncertainties: joint: 1-sigma standard errors (Gauss-Newton); per-segment: the robust
-            spread over segments (1.4826 MAD).
+        uncertainties: joint, and per-segment with ONE segment: 1-sigma standard errors
+            (Gauss-Newton; ``inf`` where the data do not determine a value); per-segment: the
+            robust spread over segments (1.4826 MAD).
         segments: one dict per segment: name, comment, source, n, rms (rad/s), status
             (:data:`STATUS` values, or ``"poor_fit"``: an implausible residual at a stationary
             point, see :func:`fit_inertia`), iterations, omega0 (rad/s), and (per-segment mode)
@@ -966,7 +988,9 @@ class InertiaFit:
         combined: per-segment mode: name -> {median, spread, p16, p84, n} over converged
             segments (``"poor_fit"`` ones excluded), also per comment (``by_comment``).
         rms: residual RMS over all samples, rad/s.
-        status: ``"converged"`` or the reason it is not (segments that did not converge, or
+        status: ``"converged"``, :data:`UNIDENTIFIABLE` (the optimiser converged but the normal
+            equations are singular: the ratios are not determined), or the reason it is not
+            converged (segments that did not converge, or
             ``"k of n segment(s) poor_fit (local minimum?), excluded from the medians"``).
         truth: the true values where known (synthetic data), else ``None``.
     """
@@ -1028,19 +1052,25 @@ class InertiaFit:
         """A plain-text table: one row per segment, then the combined / joint estimate."""
         keys = [k for k in self.estimates if k != "misalignment_deg"][:4]
         lines = []
-        head = f"{'#':>3} {'segment':<{max_name}} {'comment':<22} {'n':>4} {'rms':>7} {'status':<10}"
+        wc = max([7] + [len(s["comment"]) for s in self.segments])  # comments in full
+        wst = max([10] + [len(s["status"]) for s in self.segments])
+        head = f"{'#':>3} {'segment':<{max_name}} {'comment':<{wc}} {'n':>4} {'rms':>7} {'status':<{wst}}"
         if self.mode == "per-segment":
             head += "".join(f" {k:>20}" for k in keys)
         lines.append(head)
         lines.append("-" * len(head))
         for i, s in enumerate(self.segments):
             name = s["name"] if len(s["name"]) <= max_name else "…" + s["name"][-(max_name - 1) :]
-            row = f"{i:>3} {name:<{max_name}} {s['comment'][:22]:<22} {s['n']:>4} {s['rms']:>7.4f} {s['status']:<10}"
+            row = f"{i:>3} {name:<{max_name}} {s['comment']:<{wc}} {s['n']:>4} {s['rms']:>7.4f} {s['status']:<{wst}}"
             if self.mode == "per-segment":
                 row += "".join(f" {_pm(s['estimates'].get(k), s['se'].get(k)):>20}" for k in keys)
             lines.append(row)
         lines.append("")
-        if self.mode == "per-segment":
+        if self.mode == "per-segment" and len(self.segments) == 1 and self.segments[0]["status"] != POOR_FIT:
+            lines.append("single segment: its estimate (± 1-sigma, Gauss-Newton):")
+            for k, v in self.estimates.items():
+                lines.append(f"  {k:<18} {_pm(v, self.uncertainties.get(k))}")
+        elif self.mode == "per-segment":
             n_poor = sum(s["status"] == POOR_FIT for s in self.segments)
             if n_poor:
                 lines.append(
@@ -1088,8 +1118,10 @@ class InertiaFit:
 def _pm(v, e) -> str:
     if v is None or not np.isfinite(v):
         return "—"
-    if e is None or not np.isfinite(e):
-        return f"{v:.5g} ± ?"
+    if e is None or np.isnan(e):
+        return f"{v:.5g} (derived)"
+    if not np.isfinite(e):
+        return f"{v:.5g} ± inf"
     if e == 0:
         return f"{v:.5g} (fixed)"
     return f"{v:.5g} ± {e:.2g}"
@@ -1104,7 +1136,8 @@ def _summary(values: list[dict], keys) -> dict:
         med = float(np.median(v))
         out[k] = {
             "median": med,
-            "spread": float(1.4826 * np.median(np.abs(v - med))),
+            # one value has no spread (NaN, not 0: 0 would read as exact)
+            "spread": float(1.4826 * np.median(np.abs(v - med))) if v.size > 1 else float("nan"),
             "p16": float(np.percentile(v, 16)),
             "p84": float(np.percentile(v, 84)),
             "n": int(v.size),
@@ -1193,7 +1226,8 @@ def fit_inertia(
     Warns:
         UserWarning: a fit that did not converge (its status says why), a segment with status
             ``"poor_fit"`` (see above), singular normal equations (a spin about one principal
-            axis determines little: infinite errors).
+            axis determines little: infinite errors, status :data:`UNIDENTIFIABLE`), and a fit in
+            float32 (without ``jax_enable_x64``: the round-off stops the optimiser early).
     """
     segs = _as_segments(segments)
     if drag not in _DRAG:
@@ -1210,6 +1244,15 @@ def fit_inertia(
     spec = _Spec(bool(tensor), drag, bool(bias), int(substeps), stepper)
     n_shared = spec.n_inertia + spec.n_drag
     dtype = jnp.result_type(float)
+    if jnp.dtype(dtype) != jnp.float64:
+        # The rollout's round-off (~1e-7 relative, accumulated over ~100 steps) is then above the
+        # LM's cost-decrease tests: it stops after a step or two at a 10x worse fit.
+        warnings.warn(
+            f"fit_inertia: fitting in {jnp.dtype(dtype).name} (JAX's default without 64-bit mode): the "
+            "simulation's round-off hides the cost decrease, so the fit stops early and its estimates and "
+            'errors are not trustworthy; enable float64 first: jax.config.update("jax_enable_x64", True)',
+            stacklevel=2,
+        )
     if joint:
         sources = sorted({s.source for s in segs})
         groups = [sources.index(s.source) for s in segs] if bias else [0] * len(segs)
@@ -1217,9 +1260,21 @@ def fit_inertia(
         m = 3 * sum(s.n for s in segs)
         if m <= p:
             raise FitError(f"segments: {m} measured values cannot determine {p} parameters of the joint fit")
+        for i, s in enumerate(segs):
+            if s.n < _MIN_SAMPLES:
+                raise FitError(
+                    f"segments[{i}] ({s.name or s.source}): {s.n} samples: window too short (at least "
+                    f"{_MIN_SAMPLES} samples: rates and their derivative start the fit)"
+                )
     else:
         p = n_shared + spec.n_bias + 3
         for i, s in enumerate(segs):
+            if s.n < _MIN_SAMPLES and 3 * s.n > p:
+                raise FitError(
+                    f"segments[{i}] ({s.name or s.source}): {s.n} samples: window too short for the {p} "
+                    f"parameters it must fit (at least {_MIN_SAMPLES} samples: rates and their derivative "
+                    "start the fit)"
+                )
             if 3 * s.n <= p:
                 raise FitError(
                     f"segments[{i}] ({s.name or s.source}): {s.n} samples x 3 = {3 * s.n} values cannot "
@@ -1290,9 +1345,13 @@ def fit_inertia(
     fits = []
     for j, (ids, grp) in enumerate(problems):
         m_j = 3 * sum(segs[i].n for i in ids)
-        cov, s2 = _covariance(A_p[j], float(np.sum(rss_p[j])), m_j, phy.P)
+        cov, s2, singular = _covariance(A_p[j], float(np.sum(rss_p[j])), m_j, phy.P)
         est, se = _estimates_and_se(x_phys[j], cov, spec, scale, phy.n_sh)
         status = STATUS[int(statuses[j])] if (oks[j] and ok_p[j]) else "nonfinite"
+        if singular and status in ("converged", "stalled"):
+            # a flat direction: the optimiser stops (or stalls, an exact fit leaves no descent)
+            # wherever it is along it; the estimate is a stationary point, not a determined one
+            status = UNIDENTIFIABLE
         se_all = np.sqrt(np.maximum(np.diag(cov), 0)) if np.all(np.isfinite(cov)) else np.full(phy.P, np.inf)
         inertia_m, drag_m = _phys_model(_unflat_phys(jnp.asarray(x_phys[j, : phy.n_sh]), spec), spec)
         off_w = phy.n_sh + phy.G * phy.n_b
@@ -1338,28 +1397,47 @@ def fit_inertia(
             if r_["status"] == "converged" and implausible and r_["rms"] > _POOR_NOISE * noise:
                 r_["status"] = fits[j]["status"] = POOR_FIT
         per = [f["estimates"] for f in fits if f["status"] == "converged"]
+        n_unid = sum(f["status"] == UNIDENTIFIABLE for f in fits)
         keys = list(fits[0]["estimates"])
         combined = {"n": len(per), "all": _summary(per, keys), "by_comment": {}}
         for com in dict.fromkeys(r_["comment"] for r_ in rows):
             vals = [r_["estimates"] for r_ in rows if r_["comment"] == com and r_["status"] == "converged"]
             combined["by_comment"][com] = _summary(vals, keys)
         n_poor = sum(f["status"] == POOR_FIT for f in fits)
-        n_bad = sum(f["status"] not in ("converged", POOR_FIT) for f in fits)
+        n_bad = sum(f["status"] not in ("converged", POOR_FIT, UNIDENTIFIABLE) for f in fits)
         why = []
         if n_bad:
             why.append(f"{n_bad} of {len(fits)} segment(s) did not converge")
         if n_poor:
             why.append(f"{n_poor} of {len(fits)} segment(s) {POOR_FIT} (local minimum?)")
+        if n_unid and len(fits) > 1:
+            why.append(f"{n_unid} of {len(fits)} segment(s) {UNIDENTIFIABLE}")
+        if len(fits) == 1 and fits[0]["status"] != POOR_FIT:
+            # one segment: its own estimate with its Gauss-Newton standard error (no spread)
+            estimates, uncertainties = dict(fits[0]["estimates"]), dict(fits[0]["se"])
+            status = "; ".join(why) if n_bad else fits[0]["status"]
+        else:
+            estimates = {k: v["median"] for k, v in combined["all"].items()}
+            uncertainties = {k: v["spread"] for k, v in combined["all"].items()}
+            status = "; ".join(why) + ", excluded from the medians" if why else "converged"
         result = InertiaFit(
-            mode="per-segment", options=options,
-            estimates={k: v["median"] for k, v in combined["all"].items()},
-            uncertainties={k: v["spread"] for k, v in combined["all"].items()},
-            segments=rows, combined=combined, rms=rms,
-            status="; ".join(why) + ", excluded from the medians" if why else "converged",
+            mode="per-segment", options=options, estimates=estimates, uncertainties=uncertainties,
+            segments=rows, combined=combined, rms=rms, status=status,
         )
     result._model = {k: (np.stack(v) if k != "stepper" else v) for k, v in model.items()}
     result._data = segs
-    bad = [r_["name"] + ": " + r_["status"] for r_ in result.segments if r_["status"] not in ("converged", POOR_FIT)]
+    unid = [r_["name"] for r_ in result.segments if r_["status"] == UNIDENTIFIABLE]
+    if unid:
+        warnings.warn(
+            "fit_inertia: singular normal equations for " + "; ".join(dict.fromkeys(unid)) + ": the data do not "
+            "determine the inertia ratios (a spin about one principal axis, with no flip or nutation, fits any "
+            "ratios); standard errors are infinite and the estimates are arbitrary",
+            stacklevel=2,
+        )
+    bad = [
+        r_["name"] + ": " + r_["status"] for r_ in result.segments
+        if r_["status"] not in ("converged", POOR_FIT, UNIDENTIFIABLE)
+    ]
     if bad:
         warnings.warn(
             "fit_inertia: the fit did not converge for " + "; ".join(dict.fromkeys(bad)) +

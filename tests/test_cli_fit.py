@@ -47,6 +47,11 @@ def test_embedded_default_recovers_truth(tmp_path, capsys):
         est, se, truth = d["estimates"][key], d["uncertainties"][key], d["truth"][key]
         assert abs(est - truth) < 4 * se, (key, est, se, truth)  # noise-implied uncertainty
     assert d["uncertainties"]["Ix/Iy"] < 0.01 * d["truth"]["Ix/Iy"]
+    # every estimated quantity with a truth is compared, bias and drag included
+    z_line = next(line for line in printed.splitlines() if line.startswith("estimate - truth in standard errors"))
+    for key in ("Ix/Iy", "Iz/Iy", "Ixy/Iy", "drag/Iy", "drag", "misalignment_deg", "bias_x", "bias_y", "bias_z"):
+        assert f" {key} " in z_line, (key, z_line)
+    assert "± ?" not in printed
 
 
 def test_real_flips_quick(racquet_dir, tmp_path, capsys):
@@ -78,6 +83,19 @@ def test_errors_exit_2(tmp_path, capsys):
     assert run(_args(str(tmp_path / "rec"), "--quiet")) == 2
     err = capsys.readouterr().err
     assert "Raw Data.csv, line 1: missing column(s)" in err
+    two = tmp_path / "two.csv"  # 2 samples: the FitError, not a NumPy message
+    two.write_text("t,wx,wy,wz\n0,1,2,3\n0.01,1,2,3\n")
+    assert run(_args(str(two), "--quiet")) == 2
+    assert "window too short" in capsys.readouterr().err
+    # output folders: created before the fit (like simulate --out), or exit 2 at once
+    assert run(_args(str(tmp_path / "nope"), "--json", str(tmp_path / "new" / "dir" / "f.json"), "--quiet")) == 2
+    assert (tmp_path / "new" / "dir").is_dir()
+    capsys.readouterr()
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert run(_args(str(two), "--plot", str(blocker / "x.png"), "--quiet")) == 2
+    err = capsys.readouterr().err
+    assert "--plot" in err and "cannot create its folder" in err
     assert run(_args("--starts", "0")) == 2
     assert "--starts must be >= 1" in capsys.readouterr().err
 

@@ -89,6 +89,11 @@ def test_table_and_json_ready(racquet_full):
 
     json.dumps(d, allow_nan=False)
     assert d["estimates"]["Ix/Iy"] == fit.estimates["Ix/Iy"] and len(d["segments"]) == 3
+    # misalignment: a delta-method error (central-difference gradient of the angle), and the
+    # truth (3 deg, racquet fixture) within 4 of them
+    se = fit.uncertainties["misalignment_deg"]
+    assert 0 < se < 1 and abs(fit.estimates["misalignment_deg"] - truth["misalignment_deg"]) < 4 * se
+    assert "± ?" not in text
     t, measured, fitted = fit.predict(1)
     assert measured.shape == fitted.shape == (len(t), 3)
     assert np.sqrt(np.mean((measured - fitted) ** 2)) < 0.011
@@ -204,6 +209,55 @@ def test_bad_input_clear_errors(lamina, tmp_path):
         fit_inertia(segs, scale="Iq=1")
     with pytest.raises(FitError, match="scale: Iy must be a positive number"):
         fit_inertia(segs, scale="Iy=-1")
+
+
+def test_two_sample_window_is_too_short(tmp_path):
+    # 6 values > 5 parameters, but the fit's start differentiates the rates: 3 samples at least
+    two = tmp_path / "two.csv"
+    two.write_text("t,wx,wy,wz\n0,1,2,3\n0.01,1,2,3\n")
+    with pytest.raises(FitError, match=r"two\): 2 samples: window too short for the 5 parameters"):
+        fit_inertia(two)
+
+
+def test_float32_fit_warns_to_enable_float64(lamina):
+    truth, segs = lamina
+    with jax.enable_x64(False), warnings.catch_warnings():
+        warnings.simplefilter("error")  # the warning comes before any compilation: cheap to test
+        with pytest.raises(UserWarning, match=r'float32.*jax.config.update\("jax_enable_x64", True\)'):
+            fit_inertia(segs[:1])
+
+
+def test_pure_spin_is_not_identifiable():
+    """A steady spin about a principal axis solves Euler's equations for ANY inertia (w x I w = 0
+    when w is an eigenvector of I): the data cannot determine the ratios."""
+    from rigidjax.identify import UNIDENTIFIABLE
+
+    t = np.arange(110) * 0.01  # 110 samples: padded to 128, the compilation the lamina fits use
+    omega = np.tile([0.0, 0.0, 10.0], (t.size, 1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no raw NumPy warning (0 * inf)
+        with pytest.warns(UserWarning, match="do not determine the inertia ratios"):
+            fit = fit_inertia((t, omega), starts=1)
+    assert fit.status == UNIDENTIFIABLE and fit.segments[0]["status"] == UNIDENTIFIABLE
+    assert not fit.converged
+    assert all(np.isinf(fit.uncertainties[k]) for k in ("Ix/Iy", "Iz/Iy"))
+    d = fit.to_dict()
+    assert d["uncertainties"] == {"Ix/Iy": None, "Iz/Iy": None}
+    assert "± inf" in fit.table() and "± ?" not in fit.table()
+
+
+def test_single_segment_reports_its_estimate_and_error(lamina):
+    truth, segs = lamina
+    fit = fit_inertia(segs[:1], starts=2)
+    s = fit.segments[0]
+    assert fit.converged and fit.mode == "per-segment"
+    for key in ("Ix/Iy", "Iz/Iy"):
+        # the combined value IS the segment's, with its Gauss-Newton error (not a zero spread)
+        assert fit.estimates[key] == s["estimates"][key] and fit.uncertainties[key] == s["se"][key]
+        assert 0 < fit.uncertainties[key] and abs(_z(fit, truth, key)) < 4
+    text = fit.table()
+    assert "(fixed)" not in text and "single segment" in text
+    assert "Spin about principal axis 1" in text  # the comment in full, not cut
 
 
 def test_non_convergence_is_reported(lamina):
