@@ -518,8 +518,10 @@ def _lm(prob: _Problems, x0, rows, max_steps: int, state=None, progress=None):
     between the residual and a Jacobian column below ``gtol``. Status codes: :data:`STATUS`.
     """
     eps = float(np.finfo(prob.dtype).eps)
-    ftol = xtol = math.sqrt(eps)
-    gtol = 10 * math.sqrt(eps)
+    # sqrt(eps) in float64 (1.5e-8); in float32 sqrt(eps) = 3e-4 would stop after one step
+    # at a 10x worse fit, while 10 eps (1.2e-6) still lies above the evaluation's round-off
+    ftol = xtol = math.sqrt(eps) if eps < 1e-10 else 10 * eps
+    gtol = 10 * ftol
     nb = x0.shape[0]
     if state is None:
         cost, A, g, ok, rss = prob.evaluate(x0, rows)
@@ -1227,7 +1229,8 @@ def fit_inertia(
         UserWarning: a fit that did not converge (its status says why), a segment with status
             ``"poor_fit"`` (see above), singular normal equations (a spin about one principal
             axis determines little: infinite errors, status :data:`UNIDENTIFIABLE`), and a fit in
-            float32 (without ``jax_enable_x64``: the round-off stops the optimiser early).
+            float32 (without ``jax_enable_x64``: it runs, with tolerances for float32, but its
+            round-off can stall the optimiser and degrades the standard errors).
     """
     segs = _as_segments(segments)
     if drag not in _DRAG:
@@ -1245,12 +1248,14 @@ def fit_inertia(
     n_shared = spec.n_inertia + spec.n_drag
     dtype = jnp.result_type(float)
     if jnp.dtype(dtype) != jnp.float64:
-        # The rollout's round-off (~1e-7 relative, accumulated over ~100 steps) is then above the
-        # LM's cost-decrease tests: it stops after a step or two at a 10x worse fit.
+        # The LM's tolerances follow the dtype (see _lm), so the estimates match float64's on the
+        # racquet flips; but the rollout's round-off in the Jacobian can stall the optimiser short
+        # of its tests (status "stalled") and coarsens the standard errors.
         warnings.warn(
-            f"fit_inertia: fitting in {jnp.dtype(dtype).name} (JAX's default without 64-bit mode): the "
-            "simulation's round-off hides the cost decrease, so the fit stops early and its estimates and "
-            'errors are not trustworthy; enable float64 first: jax.config.update("jax_enable_x64", True)',
+            f"fit_inertia: fitting in {jnp.dtype(dtype).name} (JAX's default without 64-bit mode): round-off "
+            "in the simulated rates and their derivatives can stall the optimiser (status 'stalled') and "
+            'degrades the standard errors; for a trustworthy fit enable float64 first: '
+            'jax.config.update("jax_enable_x64", True)',
             stacklevel=2,
         )
     if joint:

@@ -227,6 +227,24 @@ def test_float32_fit_warns_to_enable_float64(lamina):
             fit_inertia(segs[:1])
 
 
+def test_float32_fit_reaches_the_float64_estimate(lamina_fits, lamina):
+    """QA regression: in float32 the LM's tolerances were below the dtype's resolution, so it
+    stopped after one step at a 10x worse fit and called it converged. Truth: the float64 fit
+    of the same segment (lamina_fits)."""
+    truth, joint, per = lamina_fits
+    _, segs = lamina
+    with jax.enable_x64(False), pytest.warns(UserWarning, match="float32"):
+        fit = fit_inertia(segs[:1], starts=2)
+    ref = per.segments[0]
+    s = fit.segments[0]
+    assert s["status"] in ("converged", "stalled") and s["iterations"] > 2
+    # same minimum: the rms to 1 % (noise-level fit: 0.01 rad/s), the ratios to a tenth of
+    # their float64 standard error
+    assert s["rms"] == pytest.approx(ref["rms"], rel=0.01)
+    for key in ("Ix/Iy", "Iz/Iy"):
+        assert abs(s["estimates"][key] - ref["estimates"][key]) < 0.1 * ref["se"][key], key
+
+
 def test_pure_spin_is_not_identifiable():
     """A steady spin about a principal axis solves Euler's equations for ANY inertia (w x I w = 0
     when w is an eigenvector of I): the data cannot determine the ratios."""
