@@ -80,14 +80,16 @@ def _pad(tree, pad: int):
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled(step, n, checkpoint_every, mesh, model_batched, loads_kind, loads_fn):
+def _compiled(step, n, checkpoint_every, save_every, mesh, model_batched, loads_kind, loads_fn):
     spec = PartitionSpec(_AXIS)
     rep = PartitionSpec()
 
     def local(models, states0, dt, loads):
         def one(model, state0, load):
             member_loads = loads_fn if loads_kind == "callable" else load
-            return rollout(step, model, state0, dt, n, member_loads, checkpoint_every=checkpoint_every)
+            return rollout(
+                step, model, state0, dt, n, member_loads, checkpoint_every=checkpoint_every, save_every=save_every
+            )
 
         in_axes = (0 if model_batched else None, 0, 0 if loads_kind == "array" else None)
         return jax.vmap(one, in_axes=in_axes)(models, states0, loads)
@@ -114,6 +116,7 @@ def ensemble_rollout(
     *,
     devices: Sequence[jax.Device] | None = None,
     checkpoint_every: int | None = None,
+    save_every: int | None = None,
     model_batched: bool = True,
     checked: bool = False,
     allow_rotation_limit: bool = False,
@@ -139,13 +142,16 @@ def ensemble_rollout(
             callable ``loads(t, state) -> inputs`` applied to each member (hashable).
         devices: devices to shard over (default ``jax.devices()``: all devices, all hosts).
         checkpoint_every: passed to :func:`rigidjax.rollout` (bounded-memory gradients).
+        save_every: passed to :func:`rigidjax.rollout`: keep every ``s``-th state and the
+            last (``save_every=n_steps``: initial and final states only, the fastest and
+            smallest output for large ensembles).
         model_batched: ``False`` to share one unbatched model among all members.
         checked: raise :class:`rigidjax.StepFailure` (naming step and member) if a step failed.
         allow_rotation_limit: in checked mode, accept ``Status.ROTATION_LIMIT``.
 
     Returns:
         :class:`rigidjax.Trajectory` with the ensemble axis FIRST: ``states`` leaves
-        ``(E, n_steps + 1, ...)``, ``info`` leaves ``(E, n_steps)``; global arrays, sharded
+        ``(E, n_steps + 1, ...)``, ``info`` leaves ``(E, n_steps)`` (fewer with ``save_every``); global arrays, sharded
         over ``devices`` along the ensemble axis when ``E`` is a multiple of the device
         count (otherwise removing the padding lets XLA re-lay them out). Failed members
         stay frozen (as in :func:`rollout`); members never affect each other.
@@ -178,9 +184,9 @@ def ensemble_rollout(
     states_p = _pad(states0, pad)
     loads_p = _pad(loads_arr, pad) if loads_kind == "array" else None
     try:
-        fn = _compiled(step, n, checkpoint_every, mesh, model_batched, loads_kind, loads_fn)
+        fn = _compiled(step, n, checkpoint_every, save_every, mesh, model_batched, loads_kind, loads_fn)
     except TypeError:  # an unhashable step or loads: build (and compile) without the cache
-        fn = _compiled.__wrapped__(step, n, checkpoint_every, mesh, model_batched, loads_kind, loads_fn)
+        fn = _compiled.__wrapped__(step, n, checkpoint_every, save_every, mesh, model_batched, loads_kind, loads_fn)
     traj = fn(models_p, states_p, dt_arr, loads_p)
     if pad:
         traj = jax.tree_util.tree_map(lambda a: a[:E], traj)

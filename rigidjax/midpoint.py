@@ -233,7 +233,7 @@ def step_solve(body: RigidBody, omega: jax.Array, rhs: jax.Array, dt) -> jax.Arr
 
 
 def _quat_exp_mul(q, phi, eps):
-    """``normalize(q ⊗ exp(phi))`` in tuple form; ``exp`` as in jaxlie (Taylor near 0)."""
+    """``q ⊗ exp(phi)`` and its norm (5 arrays) in tuple form; ``exp`` as in jaxlie (Taylor near 0)."""
     t2 = phi[0] * phi[0] + phi[1] * phi[1] + phi[2] * phi[2]
     t4 = t2 * t2
     taylor = t2 < eps
@@ -246,9 +246,9 @@ def _quat_exp_mul(q, phi, eps):
     x = w0 * x1 + x0 * w1 + y0 * z1 - z0 * y1
     y = w0 * y1 - x0 * z1 + y0 * w1 + z0 * x1
     z = w0 * z1 + x0 * y1 - y0 * x1 + z0 * w1
-    w, x, y, z = _materialize(w, x, y, z)
-    inv = 1 / jnp.sqrt(w * w + x * x + y * y + z * z)
-    return (w * inv, x * inv, y * inv, z * inv)
+    # materialised with its norm; :func:`_finalize` divides. A fused ``x / sqrt(.)`` would
+    # become XLA's rsqrt, which has no vector form in float64 (the loop turned scalar, ~2x)
+    return _materialize(w, x, y, z, jnp.sqrt(w * w + x * x + y * y + z * z))
 
 
 def _stack(cs):
@@ -263,7 +263,29 @@ def _norm3(c):
     return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1)), 0)
 
 
-def _core_fast(body, x, q, v, omega, wrench, dt, attitude):
+def _finalize(t, x, q, v, omega, x1, q1, v1, w1, dt, active):
+    """Per member: the new state if it is finite and ``active``, else the input state.
+
+    ``q1`` is the unnormalised quaternion and its norm (5 arrays): it is normalised here, and
+    its finiteness tested before the division, so each division has one consumer (XLA keeps
+    a multi-consumer division out of the fused loop). Returns ``(t, x, q, v, omega,
+    rotation, ok)`` with ``rotation = max(|omega|, |omega'|) dt`` (``|omega| dt`` where the
+    step is rejected) and ``ok`` the acceptance flag.
+    """
+    *q1, qn = q1
+    checked = x1 + tuple(q1) + (qn,) + v1 + w1
+    finite = functools.reduce(jnp.logical_and, [jnp.isfinite(c) for c in checked]) & (qn > 0)
+    ok = finite if active is None else finite & active
+    new = x1 + tuple(c / qn for c in q1) + v1 + w1
+    old = x + q + v + omega
+    comps = tuple(jnp.where(ok, a, b) for a, b in zip(new, old))
+    n0 = _norm3(omega)
+    rotation = jnp.where(ok, jnp.maximum(n0, _norm3(w1)), n0) * dt
+    t1 = jnp.where(ok, t + dt, t)
+    return t1, comps[:3], comps[3:7], comps[7:10], comps[10:], rotation, ok
+
+
+def _core_fast(body, t, x, q, v, omega, wrench, dt, active, attitude):
     """The step on per-component arrays (primal values): closed-form solve, materialised."""
     dtype = omega[0].dtype
     parts = _model_parts(body)
@@ -274,10 +296,10 @@ def _core_fast(body, x, q, v, omega, wrench, dt, attitude):
     x1 = tuple(x[i] + dt * v1[i] for i in range(3))
     w_att = w1 if attitude == "new" else tuple(0.5 * (omega[i] + w1[i]) for i in range(3))
     q1 = _quat_exp_mul(q, tuple(dt * c for c in w_att), get_epsilon(jnp.dtype(dtype)))
-    comps = x1 + q1 + v1 + w1
-    finite = functools.reduce(jnp.logical_and, [jnp.isfinite(c) for c in comps])
-    *comps, n1, finite = _materialize(*comps, _norm3(w1), finite.astype(dtype))
-    return tuple(comps[:3]), tuple(comps[3:7]), tuple(comps[7:10]), tuple(comps[10:]), n1, finite > 0
+    t1, x1, q1, v1, w1, rotation, ok = _finalize(t, x, q, v, omega, x1, q1, v1, w1, dt, active)
+    # one loop for the acceptance test, the selection and every output component
+    *out, ok = _materialize(t1, *x1, *q1, *v1, *w1, rotation, ok.astype(dtype))
+    return out[0], tuple(out[1:4]), tuple(out[4:8]), tuple(out[8:11]), tuple(out[11:14]), out[14], ok > 0
 
 
 def _inv3_arrays(A):
@@ -305,7 +327,7 @@ def _solve_arrays(body, w, rhs, dt):
     return jnp.concatenate([y1 - _apply(P, x2), x2], -1)
 
 
-def _core_reference(body, x, q, v, omega, wrench, dt, attitude):
+def _core_reference(body, t, x, q, v, omega, wrench, dt, active, attitude):
     """The same step on stacked arrays (used for derivatives only).
 
     Mathematically identical to :func:`_core_fast`. Its JVP is what ``jax.grad``/``jvp``
@@ -314,25 +336,25 @@ def _core_reference(body, x, q, v, omega, wrench, dt, attitude):
     ~50x the forward cost), while this form transposes into a few batched array ops.
     """
     dtype = omega[0].dtype
-    x, q, v, w = _stack(x), _stack(q), _stack(v), _stack(omega)
-    gyro = gyroscopic_term(body.inertia, w)
+    X, Q, Vl, W = _stack(x), _stack(q), _stack(v), _stack(omega)
+    gyro = gyroscopic_term(body.inertia, W)
     F = jnp.concatenate([jnp.asarray(body.mass)[..., None] * body.gravity, -gyro], -1)
     if wrench is not None:
         F = F + jnp.asarray(wrench, dtype)
-    V = jnp.concatenate([v, w], -1)
+    V = jnp.concatenate([Vl, W], -1)
     rhs = F - _apply(body.resistance, V)
-    V1 = V + _solve_arrays(body, w, rhs, jnp.asarray(dt))
+    V1 = V + _solve_arrays(body, W, rhs, jnp.asarray(dt))
     v1, w1 = V1[..., :3], V1[..., 3:]
-    w_att = w1 if attitude == "new" else 0.5 * (w + w1)
-    q1 = so3.normalize(so3.multiply(q, so3.exp(jnp.asarray(dt)[..., None] * w_att)))
-    x1 = x + jnp.asarray(dt)[..., None] * v1
-    finite = jnp.all(jnp.isfinite(V1), -1) & jnp.all(jnp.isfinite(q1), -1) & jnp.all(jnp.isfinite(x1), -1)
-    return _comps(x1, 3), _comps(q1, 4), _comps(v1, 3), _comps(w1, 3), so3.safe_norm(w1), finite
+    w_att = w1 if attitude == "new" else 0.5 * (W + w1)
+    q1 = so3.multiply(Q, so3.exp(jnp.asarray(dt)[..., None] * w_att))
+    q1 = (*_comps(q1, 4), jnp.sqrt(jnp.sum(q1 * q1, -1)))
+    x1 = X + jnp.asarray(dt)[..., None] * v1
+    return _finalize(t, x, q, v, omega, _comps(x1, 3), q1, _comps(v1, 3), _comps(w1, 3), dt, active)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(7,))
-def _core(body, x, q, v, omega, wrench, dt, attitude):
-    return _core_fast(body, x, q, v, omega, wrench, dt, attitude)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(9,))
+def _core(body, t, x, q, v, omega, wrench, dt, active, attitude):
+    return _core_fast(body, t, x, q, v, omega, wrench, dt, active, attitude)
 
 
 @_core.defjvp
@@ -340,6 +362,98 @@ def _core_jvp(attitude, primals, tangents):
     out = _core_fast(*primals, attitude)
     _, t_out = jax.jvp(lambda *a: _core_reference(*a, attitude), primals, tangents)
     return out, t_out
+
+
+class MidpointCarry(eqx.Module):
+    """:class:`RigidBodyState` split into per-component arrays (structure of arrays).
+
+    The form in which :func:`rigidjax.rollout` carries a midpoint rollout: every component is a
+    contiguous array of the batch shape, so a step is a few vectorised loops over the
+    ensemble with no gather/scatter of ``(N, 3)`` rows (measured ~2x faster on CPU). Internal:
+    build it with :func:`pack_state`, read it with :func:`unpack_state`.
+    """
+
+    time: jax.Array
+    position: tuple
+    orientation: tuple
+    velocity: tuple
+    angular_velocity: tuple
+
+
+def pack_state(state: RigidBodyState) -> MidpointCarry:
+    """Split a :class:`RigidBodyState` into a :class:`MidpointCarry` (no copy of meaning)."""
+    return MidpointCarry(
+        time=jnp.asarray(state.time),
+        position=_comps(state.position, 3),
+        orientation=_comps(state.orientation, 4),
+        velocity=_comps(state.velocity, 3),
+        angular_velocity=_comps(state.angular_velocity, 3),
+    )
+
+
+def unpack_state(carry: MidpointCarry, like: RigidBodyState) -> RigidBodyState:
+    """Stack a :class:`MidpointCarry` (any leading axes) back into ``like``'s pytree type."""
+    return eqx.tree_at(
+        lambda s: (s.time, s.position, s.orientation, s.velocity, s.angular_velocity),
+        like,
+        (carry.time, _stack(carry.position), _stack(carry.orientation), _stack(carry.velocity),
+         _stack(carry.angular_velocity)),
+    )
+
+
+def _packed_step(body, carry: MidpointCarry, wrench, dt, active, attitude, max_rotation):
+    """The midpoint step on a :class:`MidpointCarry`; members where ``active`` is False (or the
+    result is not finite) keep their input state. Returns ``(carry, info)``."""
+    dtype = carry.angular_velocity[0].dtype
+    dt = jnp.asarray(dt, dtype)
+    t1, x1, q1, v1, w1, rotation, ok = _core(
+        body, carry.time, carry.position, carry.orientation, carry.velocity, carry.angular_velocity,
+        wrench, dt, active, attitude,
+    )
+    finite = ok if active is None else ok | ~active
+    status = jnp.where(
+        finite, jnp.where(rotation > max_rotation, Status.ROTATION_LIMIT, Status.SUCCESS), Status.NONFINITE
+    )
+    info = make_info(status, jnp.ones_like(status), jnp.zeros_like(rotation), rotation)
+    return MidpointCarry(t1, x1, q1, v1, w1), info
+
+
+class PackedStep(eqx.Module):
+    """A stepper in structure-of-arrays form, for :func:`rigidjax.rollout`'s fast path.
+
+    ``step(model, carry, inputs, dt, active) -> (carry, info)`` must equal the public step on
+    ``unpack(carry)`` for members where ``active`` is True and return inactive members
+    unchanged. Internal protocol; a public stepper exposes one through
+    :func:`packed_form`.
+    """
+
+    pack: object = eqx.field(static=True)
+    unpack: object = eqx.field(static=True)
+    step: object = eqx.field(static=True)
+    check: object = eqx.field(static=True)
+
+
+def packed_form(step) -> PackedStep | None:
+    """The :class:`PackedStep` of ``step`` if it is :func:`midpoint_step` (optionally bound
+    with keyword options through ``functools.partial``), else ``None``."""
+    kwargs = {}
+    while isinstance(step, functools.partial):
+        if step.args:
+            return None
+        kwargs = {**step.keywords, **kwargs}
+        step = step.func
+    if step is not midpoint_step or not set(kwargs) <= {"attitude", "max_rotation"}:
+        return None
+    attitude = kwargs.get("attitude", "new")
+    max_rotation = kwargs.get("max_rotation", 0.5)
+    if attitude not in ("new", "midpoint"):
+        raise ValueError(f"attitude must be 'new' or 'midpoint'; got {attitude!r}")
+    return PackedStep(
+        pack=pack_state,
+        unpack=unpack_state,
+        step=functools.partial(_packed_step, attitude=attitude, max_rotation=max_rotation),
+        check=functools.partial(check_step_inputs, where="midpoint_step"),
+    )
 
 
 def midpoint_step(
@@ -378,32 +492,5 @@ def midpoint_step(
     if attitude not in ("new", "midpoint"):
         raise ValueError(f"attitude must be 'new' or 'midpoint'; got {attitude!r}")
     check_step_inputs(body, state, wrench, dt, "midpoint_step")
-    dtype = state.angular_velocity.dtype
-    dt = jnp.asarray(dt, dtype)
-    v = _comps(state.velocity, 3)
-    omega = _comps(state.angular_velocity, 3)
-    x0, q0 = _comps(state.position, 3), _comps(state.orientation, 4)
-    x1, q1, v1, w1, n1, finite = _core(body, x0, q0, v, omega, wrench, dt, attitude)
-    n0 = _norm3(omega)
-    # a failed step returns its input state unchanged (selected per component, then stacked)
-
-    def sel(new, old):
-        return _stack(tuple(jnp.where(finite, a, b) for a, b in zip(new, old)))
-
-    new = eqx.tree_at(
-        lambda s: (s.time, s.position, s.orientation, s.velocity, s.angular_velocity),
-        state,
-        (
-            jnp.where(finite, state.time + dt, state.time),
-            sel(x1, x0),
-            sel(q1, q0),
-            sel(v1, v),
-            sel(w1, omega),
-        ),
-    )
-    rotation = jnp.where(finite, jnp.maximum(n0, n1) * dt, n0 * dt)
-    status = jnp.where(
-        finite, jnp.where(rotation > max_rotation, Status.ROTATION_LIMIT, Status.SUCCESS), Status.NONFINITE
-    )
-    info = make_info(status, jnp.ones_like(status), jnp.zeros_like(rotation), rotation)
-    return new, info
+    carry, info = _packed_step(body, pack_state(state), wrench, dt, None, attitude, max_rotation)
+    return unpack_state(carry, state), info

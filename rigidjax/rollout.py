@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._util import is_concrete, where_tree
-from .info import FAILURES, StepInfo, check, failure_mask
+from .info import FAILURES, Status, StepInfo, check, failure_mask
+from .midpoint import packed_form
 
 __all__ = ["Trajectory", "rollout", "check_dt"]
 
@@ -79,6 +80,7 @@ def rollout(
     checked: bool = False,
     allow_rotation_limit: bool = False,
     checkpoint_every: int | None = None,
+    save_every: int | None = None,
 ) -> Trajectory:
     """Run ``step`` for ``n_steps`` with ``lax.scan``.
 
@@ -105,22 +107,35 @@ def rollout(
             minimises it. ``n_steps`` need not be a multiple of ``k`` (the remainder runs as
             a last, shorter chunk). Results and gradients are those of the plain scan (same
             operations, to round-off); the returned trajectory itself is still
-            ``O(n_steps)``. Measured costs: ``benchmarks/README.md``.
+            ``O(n_steps)`` (see ``save_every``). Measured costs: ``benchmarks/README.md``.
+            With ``save_every = s``, chunks are whole save intervals: ``max(1, k // s)`` of them.
+        save_every: ``None`` (default: every state) or ``s >= 1``: store the state every ``s``
+            steps only, and always the final one. ``states`` then holds steps
+            ``0, s, 2s, …`` and ``n_steps`` (``1 + ceil(n_steps / s)`` states) and ``info``
+            one entry per save interval, reduced over its steps: ``status`` the failure code
+            if a step failed, else ``ROTATION_LIMIT`` if any step exceeded it, else
+            ``SUCCESS``; ``iterations``, ``residual`` and ``rotation`` the maxima. The
+            trajectory memory falls by ``s`` (e.g. ``save_every=n_steps``: initial and final
+            state only, for large ensembles); the dynamics are unchanged.
 
     Returns:
-        :class:`Trajectory` with ``states`` (``n_steps + 1`` along the leading axis) and
-        per-step ``info``. A member whose step fails keeps its last good state for the rest
-        of the rollout and every later ``info.status`` repeats the failure code.
+        :class:`Trajectory` with ``states`` (``n_steps + 1`` along the leading axis, or as
+        ``save_every`` says) and per-step (per save interval) ``info``. A member whose step
+        fails keeps its last good state for the rest of the rollout and every later
+        ``info.status`` repeats the failure code.
+
+    Speed: :func:`rigidjax.midpoint_step` (also bound with ``functools.partial``) is run in
+    structure-of-arrays form (:func:`rigidjax.midpoint.packed_form`): each state component a
+    contiguous array over the ensemble inside the scan, stacked back to the public layout
+    once at the end. Results are those of the step itself.
 
     Raises:
         ValueError: ``dt <= 0``, NaN ``dt``, inconsistent ``n_steps``/``dt``/``loads`` lengths,
-            ``checkpoint_every`` not a positive integer.
+            ``checkpoint_every`` or ``save_every`` not a positive integer.
     """
     dt_arr, n = check_dt(dt, n_steps)
-    if checkpoint_every is not None:
-        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer)) or checkpoint_every < 1:
-            raise ValueError(f"rollout: checkpoint_every must be None or an integer >= 1; got {checkpoint_every!r}")
-        checkpoint_every = int(checkpoint_every)
+    checkpoint_every = _positive_int_or_none(checkpoint_every, "checkpoint_every")
+    save_every = _positive_int_or_none(save_every, "save_every")
     per_step_dt = dt_arr.ndim == 1
     if loads is not None and not callable(loads):
         for leaf in jax.tree_util.tree_leaves(loads):
@@ -130,17 +145,26 @@ def rollout(
                 )
 
     failure_codes = jnp.asarray([int(c) for c in FAILURES], jnp.int32)
+    packed = packed_form(step)
 
     def body(carry, xs):
         state, fail_code = carry
         dt_k, load_k = xs
         if dt_k is None:  # scalar dt: a constant of the loop, so XLA hoists what depends on it
             dt_k = dt_arr
-        if callable(loads):
-            load_k = loads(state.time if hasattr(state, "time") else None, state)
-        new_state, info = step(model, state, load_k, dt_k)
         failed_before = fail_code != 0
-        new_state = where_tree(failed_before, state, new_state)
+        if packed is not None:
+            # the public view only feeds shape checks and callable loads; unused, XLA drops it
+            public = packed.unpack(state, state0)
+            if callable(loads):
+                load_k = loads(state.time, public)
+            packed.check(model, public, load_k, dt_k)
+            new_state, info = packed.step(model, state, load_k, dt_k, ~failed_before)
+        else:
+            if callable(loads):
+                load_k = loads(state.time if hasattr(state, "time") else None, state)
+            new_state, info = step(model, state, load_k, dt_k)
+            new_state = where_tree(failed_before, state, new_state)
         status = jnp.where(failed_before, fail_code, info.status)
         info = eqx.tree_at(lambda i: i.status, info, status)
         fail_code = jnp.where(jnp.isin(status, failure_codes), status, 0).astype(jnp.int32)
@@ -148,12 +172,15 @@ def rollout(
 
     xs_dt = dt_arr if per_step_dt else None
     xs_load = None if (loads is None or callable(loads)) else loads
+    xs = (xs_dt, xs_load)
     fail0 = jnp.zeros(_batch_shape(state0), jnp.int32)
-    carry0 = (state0, fail0)
-    if checkpoint_every is None or checkpoint_every >= n:
-        _, (states, info) = jax.lax.scan(body, carry0, (xs_dt, xs_load), length=n)
+    carry0 = (packed.pack(state0) if packed is not None else state0, fail0)
+    if save_every is None or save_every == 1 or n == 0:
+        _, (states, info) = _scan(body, carry0, xs, n, checkpoint_every)
     else:
-        states, info = _chunked_scan(body, carry0, (xs_dt, xs_load), n, checkpoint_every)
+        states, info = _saved_scan(body, carry0, xs, n, save_every, checkpoint_every)
+    if packed is not None:
+        states = packed.unpack(states, state0)
     states = jax.tree_util.tree_map(lambda a0, a: jnp.concatenate([a0[None], a], 0), state0, states)
     if checked:
         if is_concrete(info.status):
@@ -167,13 +194,27 @@ def rollout(
     return Trajectory(states=states, info=info)
 
 
-def _chunked_scan(body, carry0, xs, n: int, k: int):
-    """``lax.scan(body, carry0, xs, length=n)`` as checkpointed chunks of ``k`` steps.
+def _positive_int_or_none(k, name: str):
+    if k is None:
+        return None
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"rollout: {name} must be None or an integer >= 1; got {k!r}")
+    return int(k)
 
-    Outer scan over ``n // k`` chunks (each an inner scan under ``jax.checkpoint``), then the
-    ``n % k`` remaining steps as one more checkpointed scan; the stacked outputs are joined
-    back into one leading axis of length ``n``.
+
+def _split(tree, lo, hi, shape):
+    return jax.tree_util.tree_map(lambda a: a[lo:hi].reshape(shape + a.shape[1:]), tree)
+
+
+def _scan(body, carry0, xs, n: int, k: int | None):
+    """``lax.scan(body, carry0, xs, length=n)``, as checkpointed chunks of ``k`` steps if ``k < n``.
+
+    Chunked: an outer scan over ``n // k`` chunks (each an inner scan under
+    ``jax.checkpoint``), then the ``n % k`` remaining steps as one more checkpointed scan;
+    the stacked outputs are joined back into one leading axis of length ``n``.
     """
+    if k is None or k >= n:
+        return jax.lax.scan(body, carry0, xs, length=n)
     n_chunks, rem = divmod(n, k)
 
     def inner(length):
@@ -182,16 +223,53 @@ def _chunked_scan(body, carry0, xs, n: int, k: int):
 
         return jax.checkpoint(run, prevent_cse=False)
 
-    def split(tree, lo, hi, shape):
-        return jax.tree_util.tree_map(lambda a: a[lo:hi].reshape(shape + a.shape[1:]), tree)
-
-    xs_main = split(xs, 0, n_chunks * k, (n_chunks, k))
-    carry, ys = jax.lax.scan(inner(k), carry0, xs_main, length=n_chunks)
+    carry, ys = jax.lax.scan(inner(k), carry0, _split(xs, 0, n_chunks * k, (n_chunks, k)), length=n_chunks)
     ys = jax.tree_util.tree_map(lambda a: a.reshape((n_chunks * k,) + a.shape[2:]), ys)
     if rem:
-        xs_rem = split(xs, n_chunks * k, n, (rem,))
-        _, ys_rem = inner(rem)(carry, xs_rem)
+        carry, ys_rem = inner(rem)(carry, _split(xs, n_chunks * k, n, (rem,)))
         ys = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b], 0), ys, ys_rem)
+    return carry, ys
+
+
+def _merge_info(acc: StepInfo, info: StepInfo) -> StepInfo:
+    """Reduce step infos over a save interval: failure code, else ROTATION_LIMIT, else SUCCESS;
+    maxima of iterations, residual, rotation."""
+    failed = jnp.isin(info.status, jnp.asarray([int(c) for c in FAILURES], jnp.int32))
+    limit = (acc.status == Status.ROTATION_LIMIT) | (info.status == Status.ROTATION_LIMIT)
+    status = jnp.where(failed, info.status, jnp.where(limit, int(Status.ROTATION_LIMIT), int(Status.SUCCESS)))
+    return StepInfo(
+        status=status.astype(jnp.int32),
+        iterations=jnp.maximum(acc.iterations, info.iterations),
+        residual=jnp.maximum(acc.residual, info.residual),
+        rotation=jnp.maximum(acc.rotation, info.rotation),
+    )
+
+
+def _saved_scan(body, carry0, xs, n: int, s: int, k: int | None):
+    """Run ``n`` steps keeping the state every ``s`` steps and the last one; info reduced per interval."""
+    n_saves, rem = divmod(n, s)
+    x0 = jax.tree_util.tree_map(lambda a: a[0], xs) if n else None
+    info_shape = jax.eval_shape(body, carry0, x0)[1][1] if n else None
+
+    def interval(length):
+        def run(carry, xs_chunk):
+            acc0 = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), info_shape)
+
+            def one(c, x):
+                cc, acc = c
+                cc, (_, info) = body(cc, x)
+                return (cc, _merge_info(acc, info)), None
+
+            (carry, acc), _ = jax.lax.scan(one, (carry, acc0), xs_chunk, length=length)
+            return carry, (carry[0], acc)
+
+        return run
+
+    k_int = None if k is None else max(1, k // s)
+    carry, ys = _scan(interval(s), carry0, _split(xs, 0, n_saves * s, (n_saves, s)), n_saves, k_int)
+    if rem:
+        carry, ys_rem = interval(rem)(carry, _split(xs, n_saves * s, n, (rem,)))
+        ys = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b[None]], 0), ys, ys_rem)
     return ys
 
 
