@@ -52,7 +52,8 @@ Two discretisations of the constraints (``ep_step(..., stabilized=...)``):
   it stays bounded). Kept for comparison with index-3 codes.
 
 Each step solves the generalized-alpha equations for the new accelerations, all
-multipliers (and ``mu``) by Newton's method (full Jacobian by forward-mode AD, LU). The solve is wrapped
+multipliers (and ``mu``) by Newton's method (full Jacobian by forward-mode AD, LU with partial pivoting by
+:mod:`rigidjax.linalg`: no LAPACK call, see there why). The solve is wrapped
 in :func:`jax.lax.custom_root`, so derivatives of a step are those of the converged solution
 (implicit function theorem), never of the truncated iteration, and reverse mode never
 differentiates the ``while_loop``. Non-convergence, a singular iteration matrix or a
@@ -75,6 +76,8 @@ from . import so3
 from ._util import is_concrete, where_tree
 from .body import RigidBody
 from .info import Status, StepInfo, check, make_info
+from .linalg import solve_small, solve_small_pivots
+from .linalg import singular as linalg_singular
 
 __all__ = [
     "GeneralizedAlpha",
@@ -581,7 +584,7 @@ def _saddle_solve(model: EPModel, x, v, wrench, torque_frame):
     nc = C.shape[0]
     A = jnp.block([[M, C.T], [C, jnp.zeros((nc, nc), x.dtype)]])
     rhs = jnp.concatenate([Q, _acceleration_bias(model, x, v)])
-    sol = jnp.linalg.solve(A, rhs)
+    sol = solve_small(A, rhs)
     return sol[:n].reshape(-1, 7), sol[n:], A
 
 
@@ -842,12 +845,11 @@ def ep_step(
             it, z, _, _, _ = c
             r, lin = jax.linearize(f, z)
             J = jax.vmap(lin, out_axes=1)(jnp.eye(z.shape[0], dtype=z.dtype))
-            lu, piv = jax.scipy.linalg.lu_factor(J)
-            d = jax.scipy.linalg.lu_solve((lu, piv), r)
+            # no LAPACK custom call (rigidjax.linalg: XLA:CPU deadlock of batched calls)
+            d, pivots = solve_small_pivots(J, r)
             z1 = z - d
             # a zero pivot relative to the largest: the iteration matrix is singular
-            piv_abs = jnp.abs(jnp.diagonal(lu))
-            singular = jnp.min(piv_abs) <= z.shape[0] * eps * jnp.max(piv_abs)
+            singular = linalg_singular(pivots)
             nonfinite = ~jnp.all(jnp.isfinite(z1))
             small_a = jnp.max(jnp.abs(d[:n])) <= atol + rtol * jnp.max(jnp.abs(z1[:n]))
             dl, zl = d[n : n + nc], z1[n : n + nc]
@@ -875,7 +877,7 @@ def ep_step(
         return z, jnp.stack([it.astype(z.dtype), status.astype(z.dtype), res])
 
     def tangent_solve(g, y):
-        return jnp.linalg.solve(jax.jacfwd(g)(y), y)
+        return solve_small(jax.jacfwd(g)(y), y)
 
     z0 = jnp.concatenate([qtt0.reshape(-1), lam0, jnp.zeros((n_mu,), dtype)])
     z, aux = jax.lax.custom_root(residual, z0, newton, tangent_solve, has_aux=True)

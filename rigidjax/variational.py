@@ -30,7 +30,8 @@ then sets ``p_2 = D_2 L_d(q_1, q_2) + f_d^+``. The constraint force of the conti
 ``-Dh(q)^T lambda_c`` with ``lambda_c ≈ lambda_1 / dt``: the discrete multiplier is an
 *impulse* (N s for a length constraint), the time integral of the constraint force over a step.
 
-Newton's method with the exact Jacobian (``jax.jacfwd``) solves the DEL equation, warm-started
+Newton's method with the exact Jacobian (``jax.jacfwd``; LU with partial pivoting by
+:mod:`rigidjax.linalg`, no LAPACK call) solves the DEL equation, warm-started
 at ``q_2 = q_1 + dt * qdot`` with ``qdot`` the velocity of the previous step. It is wrapped in
 ``jax.lax.custom_root``: derivatives come from the implicit function theorem on the DEL
 residual, so they do not depend on the iteration count and reverse mode never differentiates
@@ -58,6 +59,8 @@ import numpy as np
 
 from ._util import is_concrete, where_tree
 from .info import Status, StepInfo, make_info
+from .linalg import solve_small, solve_small_pivots
+from .linalg import singular as linalg_singular
 
 __all__ = [
     "MechanicalSystem",
@@ -376,7 +379,7 @@ def _solve_velocity(system, q, p, qdot_guess, t):
 
     x = jnp.concatenate([_dyn(system, qdot_guess), jnp.zeros((nc,), q.dtype)])
     for _ in range(3):
-        x = x - jnp.linalg.solve(jax.jacfwd(F)(x), F(x))
+        x = x - solve_small(jax.jacfwd(F)(x), F(x))
     return _assemble(system, x[:nd], _kin(system, qdot_guess))
 
 
@@ -565,8 +568,6 @@ class _NewtonAux(NamedTuple):
 
 def _newton(F, x0, rtol, atol, max_iter):
     """Newton's method with the exact Jacobian; stops when ``|dx_i| <= atol + rtol |x_i|`` for all i."""
-    n = x0.shape[0]
-    eps = jnp.finfo(x0.dtype).eps
 
     def value_and_jac(x):
         def Fa(y):
@@ -583,11 +584,10 @@ def _newton(F, x0, rtol, atol, max_iter):
     def body(c):
         x, it, _, _ = c
         r, J = value_and_jac(x)
-        lu, piv = jax.scipy.linalg.lu_factor(J)
-        diag = jnp.abs(jnp.diagonal(lu))
+        # no LAPACK custom call (rigidjax.linalg: XLA:CPU deadlock of batched calls)
+        dx, pivots = solve_small_pivots(J, -r)
         # partial pivoting: a (relatively) vanishing pivot means a singular Jacobian
-        sing = jnp.min(diag) <= n * eps * jnp.max(diag)
-        dx = jax.scipy.linalg.lu_solve((lu, piv), -r)
+        sing = linalg_singular(pivots)
         x_new = x + dx
         conv = jnp.all(jnp.abs(dx) <= atol + rtol * jnp.abs(x_new))
         return x_new, it + 1, conv, sing
@@ -600,7 +600,7 @@ def _newton(F, x0, rtol, atol, max_iter):
 def _tangent_solve(g, y):
     # g is the (linear) Jacobian-vector product of the DEL residual: materialise and solve
     J = jax.jacfwd(g)(y)
-    return jnp.linalg.solve(J, y)
+    return solve_small(J, y)
 
 
 def _default_tol(dtype, rtol, atol):

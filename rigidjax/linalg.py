@@ -1,0 +1,183 @@
+r"""Small dense linear solves without LAPACK: the Newton systems of the implicit steps.
+
+:func:`solve_small` and :func:`solve_small_pivots` solve ``A x = b`` for ``A (..., n, n)``
+with ``n`` static and small by Gaussian elimination WITH partial pivoting (LAPACK
+``getf2``'s choice: the pivot of column ``k`` is the first entry of largest magnitude on or
+below the diagonal), unrolled over the static ``n``. Each elimination stage holds the
+active ``(n-k, n-k)`` block as one array; the pivot row is picked by ``argmax`` and selects
+on the batch, so a ``vmap``-ed ensemble runs elementwise ops and small reductions only: no
+LAPACK custom call, no gather.
+
+Why not LAPACK (``jnp.linalg.solve``, ``jax.scipy.linalg.lu_factor``) on XLA:CPU: a batched
+LAPACK custom call splits its batch into tasks on XLA's intra-op thread pool and blocks
+until they finish; two such calls in flight at once (independent thunks of one scan body)
+can take every pool thread and deadlock at ensemble sizes in the thousands (diagnosed with
+gdb on MuJoCo MJX, ``benchmarks/README.md``, "XLA:CPU deadlock"). The Newton loops of the
+implicit steps must not depend on how XLA schedules them.
+
+Why not lineax: ``lineax.LU``/``QR``/``Cholesky`` factor through ``jax.scipy.linalg`` /
+``jnp.linalg``, i.e. the same LAPACK custom calls, and its LAPACK-free solvers are
+iterative (GMRES, BiCGStab, CG: tolerance-driven, no pivot information for a singularity
+test), so it does not serve here.
+
+Speed (measured, 2-core CPU VM, jax 0.10.2, float64, ``jit(vmap(solve))``, batch 4096):
+n = 10: 9.9 ms (LAPACK ``jnp.linalg.solve``: 11-14 ms); n = 16: 95 ms (LAPACK 28 ms,
+compile 8 s). The elimination is not faster than LAPACK in itself; it is used up to
+:data:`SMALL_MAX` for robustness, and above it the functions fall back to LAPACK
+(``jax.scipy.linalg.lu_factor``/``lu_solve``), where its cost and compile time (O(n^3)
+unrolled operations) would not pay.
+
+Singularity: as LAPACK, a column with no nonzero pivot candidate is skipped (multipliers 0)
+and the zero pivot appears in ``U``; :func:`solve_small_pivots` returns ``|U_ii|`` and
+:func:`singular` applies the steppers' test ``min|U_ii| <= n eps max|U_ii|``. A zero pivot
+makes ``x`` non-finite (as ``jnp.linalg.solve``): test the pivots where that matters.
+
+Derivatives: :func:`solve_small` has a custom JVP, ``dx = A^{-1} (db - dA x)`` (no
+differentiation through the pivot search); the elimination is linear in ``b`` with ``A``
+fixed, so reverse mode (transposition) works, e.g. in ``jax.lax.custom_root``'s tangent
+solve.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+#: Largest ``n`` solved by the LAPACK-free elimination; larger systems use LAPACK. Chosen by
+#: measurement (module docstring): break-even with batched LAPACK near n = 10-12; one
+#: Euler-parameter body has 10 unknowns, one variational rigid body 8.
+SMALL_MAX = 12
+
+
+def _check(A, b, where):
+    if A.ndim < 2 or A.shape[-1] != A.shape[-2]:
+        raise ValueError(f"{where}: A must have shape (..., n, n); got {A.shape}")
+    vector = b.ndim == A.ndim - 1
+    if (not vector and b.ndim != A.ndim) or b.ndim < 1 or b.shape[-1 if vector else -2] != A.shape[-1]:
+        raise ValueError(f"{where}: b must have shape (..., n) or (..., n, k) for A {A.shape}; got {b.shape}")
+    return vector
+
+
+def _eliminate(A, B):
+    """One unbatched system ``A (n, n)``, ``B (n, k)``: ``(x (n, k), |U_ii| (n,))``. Linear in ``B``."""
+    n = A.shape[-1]
+    if n == 0:
+        return B, jnp.zeros((0,), A.dtype)
+    if n > SMALL_MAX:
+        lu, piv = jax.scipy.linalg.lu_factor(A)
+        return jax.scipy.linalg.lu_solve((lu, piv), B), jnp.abs(jnp.diagonal(lu))
+    S, R = A, B  # active block (m, m) and right-hand sides (m, k), m = n - k
+    urows, rrows = [], []
+    for k in range(n):
+        m = n - k
+        p = jnp.argmax(jnp.abs(S[:, 0]))  # first largest |a_ik| (LAPACK idamax)
+        # the pivot row by selects (no gather): materialised once per stage
+        prow, rrow = S[0], R[0]
+        for i in range(1, m):
+            prow = jnp.where(p == i, S[i], prow)
+            rrow = jnp.where(p == i, R[i], rrow)
+        urows.append(prow)
+        rrows.append(rrow)
+        if m == 1:
+            break
+        swap = (jnp.arange(m) == p)[:, None]
+        S1 = jnp.where(swap, S[0][None], S)[1:]
+        R1 = jnp.where(swap, R[0][None], R)[1:]
+        piv = prow[0]
+        # an all-zero column: multipliers 0 (LAPACK skips it); the zero pivot stays in U
+        l = S1[:, 0] / jnp.where(piv == 0, jnp.ones_like(piv), piv)
+        S = S1[:, 1:] - l[:, None] * prow[None, 1:]
+        R = R1 - l[:, None] * rrow[None, :]
+    x = [None] * n
+    for i in reversed(range(n)):
+        s = rrows[i]
+        for j in range(i + 1, n):
+            s = s - urows[i][j - i] * x[j]
+        x[i] = s / urows[i][0]
+    return jnp.stack(x), jnp.abs(jnp.stack([u[0] for u in urows]))
+
+
+def _batched(fn, A, B):
+    """Apply the unbatched ``fn`` over the (broadcast) leading axes of ``A (..., n, n)``, ``B (..., n, k)``."""
+    batch = jnp.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+    A = jnp.broadcast_to(A, (*batch, *A.shape[-2:]))
+    B = jnp.broadcast_to(B, (*batch, *B.shape[-2:]))
+    for _ in batch:
+        fn = jax.vmap(fn)
+    return fn(A, B)
+
+
+def _prepare(A, b, where):
+    A, b = jnp.asarray(A), jnp.asarray(b)
+    vector = _check(A, b, where)
+    dtype = jnp.result_type(A.dtype, b.dtype)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        dtype = jnp.result_type(dtype, jnp.float32)
+    A, b = A.astype(dtype), b.astype(dtype)
+    return A, (b[..., None] if vector else b), vector
+
+
+def solve_small_pivots(A: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Solve ``A x = b`` and return the pivot magnitudes: ``(x, |U_ii|)``.
+
+    Args:
+        A: ``(..., n, n)``.
+        b: ``(..., n)`` (one right-hand side: ``b.ndim == A.ndim - 1``) or ``(..., n, k)``
+            (``b.ndim == A.ndim``); batch axes broadcast against ``A``'s.
+
+    Returns:
+        ``x`` (shape of ``b``, batch axes broadcast) and ``(..., n)`` the magnitudes of the
+        pivots ``|U_ii|`` of ``P A = L U`` (for :func:`singular`); dtype of ``A`` and ``b``
+        promoted. No LAPACK call for ``n <= SMALL_MAX``. Not differentiated w.r.t. ``A``
+        by a rule of its own (use :func:`solve_small` for derivatives); linear in ``b``.
+
+    Raises:
+        ValueError: non-square ``A`` or ``b`` of the wrong shape.
+    """
+    A, B, vector = _prepare(A, b, "solve_small_pivots")
+    X, piv = _batched(_eliminate, A, B)
+    return (X[..., 0] if vector else X), piv
+
+
+def singular(pivots: jax.Array) -> jax.Array:
+    """``(...,)`` bool from :func:`solve_small_pivots`' ``(..., n)`` pivot magnitudes.
+
+    A pivot vanishes relative to the largest: ``min|U_ii| <= n eps max|U_ii|`` (``eps`` of
+    the dtype); the Newton loops' ``Status.SINGULAR`` test. ``n = 0`` is never singular.
+    """
+    n = pivots.shape[-1]
+    eps = jnp.finfo(pivots.dtype).eps
+    return jnp.min(pivots, -1, initial=jnp.inf) <= n * eps * jnp.max(pivots, -1, initial=0.0)
+
+
+@jax.custom_jvp
+def _solve(A, B):
+    return _batched(_eliminate, A, B)[0]
+
+
+@_solve.defjvp
+def _solve_jvp(primals, tangents):
+    A, B = primals
+    dA, dB = tangents
+    X = _solve(A, B)
+    # dX = A^{-1} (dB - dA X): linear in the tangents (transposable for reverse mode)
+    return X, _batched(lambda a, r: _eliminate(a, r)[0], A, dB - dA @ X)
+
+
+def solve_small(A: jax.Array, b: jax.Array) -> jax.Array:
+    """Solve ``A x = b``: ``A (..., n, n)``, ``b (..., n)`` or ``(..., n, k)`` (as :func:`solve_small_pivots`).
+
+    Gaussian elimination with partial pivoting, no LAPACK call for ``n <= SMALL_MAX``;
+    jit/vmap/grad-safe (custom JVP ``dx = A^{-1}(db - dA x)``); dtype of ``A`` and ``b``
+    promoted. A singular ``A`` gives a non-finite ``x``: use :func:`solve_small_pivots` and
+    :func:`singular` where that must be detected.
+
+    Raises:
+        ValueError: non-square ``A`` or ``b`` of the wrong shape.
+    """
+    A, B, vector = _prepare(A, b, "solve_small")
+    batch = jnp.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+    A = jnp.broadcast_to(A, (*batch, *A.shape[-2:]))
+    B = jnp.broadcast_to(B, (*batch, *B.shape[-2:]))
+    X = _solve(A, B)
+    return X[..., 0] if vector else X

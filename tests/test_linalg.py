@@ -1,0 +1,203 @@
+"""rigidjax.linalg: the LAPACK-free small dense solver of the Newton loops.
+
+Truths: numpy.linalg.solve (LAPACK, independent implementation) within the forward-error
+bound of a backward-stable solve, hand-checked pivot sequences, exact rank deficiency,
+central finite differences for gradients, and the compiled HLO's custom-call targets.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rigidjax.linalg import SMALL_MAX, singular, solve_small, solve_small_pivots
+
+# one jitted, vmapped solve reused by every case (compiles once per shape/dtype)
+_solve_batch = jax.jit(jax.vmap(solve_small))
+
+
+@jax.jit
+def _pivots_flag(A):
+    x, piv = solve_small_pivots(A, jnp.ones(A.shape[:-1], A.dtype))
+    return piv, singular(piv)
+
+
+def _random_system(rng, batch, n, k=None):
+    A = rng.standard_normal((batch, n, n))
+    b = rng.standard_normal((batch, n) if k is None else (batch, n, k))
+    return A, b
+
+
+@pytest.mark.parametrize("n", [1, 3, 7, 10, SMALL_MAX, SMALL_MAX + 4])
+def test_random_systems_match_numpy(n):
+    # SMALL_MAX + 4 exercises the LAPACK fallback through the same API
+    rng = np.random.default_rng(n)
+    A, b = _random_system(rng, 64, n)
+    x = np.asarray(_solve_batch(jnp.asarray(A), jnp.asarray(b)))
+    ref = np.linalg.solve(A, b[..., None])[..., 0]
+    cond = np.linalg.cond(A)
+    err = np.linalg.norm(x - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
+    # both solves are backward stable (GEPP, small growth for random matrices): each has
+    # forward error <~ n * cond * eps, so their difference is below 4 n cond eps
+    eps = np.finfo(np.float64).eps
+    assert np.all(err <= 4 * n * cond * eps), (err / (n * cond * eps)).max()
+
+
+def test_float32_follows_dtype_and_accuracy():
+    rng = np.random.default_rng(1)
+    A, b = _random_system(rng, 64, 10)
+    A32, b32 = jnp.asarray(A, jnp.float32), jnp.asarray(b, jnp.float32)
+    x = _solve_batch(A32, b32)
+    assert x.dtype == jnp.float32
+    assert jax.eval_shape(solve_small_pivots, A32, b32)[1].dtype == jnp.float32
+    # truth: the float64 solve of the same (rounded) float32 data
+    ref = np.linalg.solve(np.asarray(A32, np.float64), np.asarray(b32, np.float64)[..., None])[..., 0]
+    cond = np.linalg.cond(np.asarray(A32, np.float64))
+    err = np.linalg.norm(np.asarray(x, np.float64) - ref, axis=-1) / np.linalg.norm(ref, axis=-1)
+    # one backward-stable float32 solve against an exact one: n cond eps32 (factor 4 margin)
+    assert np.all(err <= 4 * 10 * cond * np.finfo(np.float32).eps)
+
+
+def test_multiple_right_hand_sides_and_broadcast():
+    rng = np.random.default_rng(2)
+    A, B = _random_system(rng, 8, 5, k=3)
+    X = jax.jit(solve_small)(jnp.asarray(A), jnp.asarray(B))
+    assert X.shape == (8, 5, 3)
+    ref = np.linalg.solve(A, B)
+    # well inside n cond eps for these matrices (cond < 1e3): 1e-11 relative
+    np.testing.assert_allclose(X, ref, rtol=0, atol=1e-11 * np.abs(ref).max())
+    # one matrix (batch axis of length 1), a batch of right-hand sides: batch axes broadcast
+    x = jax.jit(solve_small)(jnp.asarray(A[:1]), jnp.asarray(B[..., 0]))
+    assert x.shape == (8, 5)
+    np.testing.assert_allclose(x, np.linalg.solve(A[0], B[..., 0].T).T, rtol=0, atol=1e-11 * np.abs(ref).max())
+
+
+def test_pivoting_zero_leading_pivot():
+    # a zero (1,1) entry: elimination without row exchanges divides by zero
+    A = np.array([[0.0, 2.0, 1.0], [1.0, 1.0, 0.0], [3.0, 0.0, 1.0]])
+    b = np.array([1.0, 2.0, 3.0])
+    piv, sing = _pivots_flag(jnp.asarray(A))
+    # by hand: pivot row 2 (3); rows 1, 0 become (1, -1/3), (2, 1): pivot 2 (old row 0);
+    # last -1/3 - 1/2 = -5/6. Check: |det A| = 5 = 3 * 2 * 5/6
+    np.testing.assert_allclose(piv, [3.0, 2.0, 5.0 / 6.0], rtol=4 * np.finfo(float).eps)
+    assert not bool(sing)
+    np.testing.assert_allclose(jax.jit(solve_small)(jnp.asarray(A), jnp.asarray(b)), np.linalg.solve(A, b), atol=1e-14)
+
+
+def test_pivoting_tiny_leading_pivot_keeps_accuracy():
+    # [[d, 1], [1, 1]] x = [1, 2] with d = 1e-20: x ~ (1, 1). Without row exchange the
+    # elimination gives x0 = 0 (catastrophic cancellation); partial pivoting is exact to eps.
+    A = jnp.asarray([[1e-20, 1.0], [1.0, 1.0]])
+    x = jax.jit(solve_small)(A, jnp.asarray([1.0, 2.0]))
+    np.testing.assert_allclose(x, [1.0, 1.0], rtol=4 * np.finfo(float).eps)
+
+
+def test_singular_matrices_flagged_and_pivots_finite():
+    cases = [
+        np.array([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [1.0, 0.0, 1.0]]),  # rank 2 (row 2 = 2 row 1)
+        np.array([[0.0, 1.0, 2.0], [0.0, 3.0, 4.0], [0.0, 5.0, 7.0]]),  # zero column
+        np.zeros((3, 3)),
+        np.array([[1.0, 1.0], [1.0, 1.0 + 1e-17]]),  # singular in float64 round-off
+    ]
+    for A in cases:
+        piv, sing = _pivots_flag(jnp.asarray(A))
+        assert bool(sing), A
+        # LAPACK's convention: an all-zero column is skipped, the pivots stay finite
+        assert np.all(np.isfinite(piv)), A
+    # nonsingular but badly scaled rows are NOT flagged (relative test, pivots ~1e-8 ... 1e8)
+    A = np.diag([1e-8, 1.0, 1e8]) @ np.array([[2.0, 1.0, 0.0], [1.0, 3.0, 1.0], [0.0, 1.0, 4.0]])
+    assert not bool(_pivots_flag(jnp.asarray(A))[1])
+    # batched: elementwise over the batch
+    Ab = jnp.stack([jnp.eye(3), jnp.asarray(cases[0])])
+    flags = jax.jit(lambda a: singular(solve_small_pivots(a, jnp.ones((2, 3)))[1]))(Ab)
+    np.testing.assert_array_equal(flags, [False, True])
+
+
+def test_grad_matches_central_differences():
+    rng = np.random.default_rng(3)
+    n = 6
+    A = rng.standard_normal((n, n)) + 3 * np.eye(n)
+    b = rng.standard_normal(n)
+    w = rng.standard_normal(n)
+
+    @jax.jit
+    def f(A, b):
+        return jnp.dot(w, solve_small(A, b))
+
+    gA, gb = jax.jit(jax.grad(f, argnums=(0, 1)))(jnp.asarray(A), jnp.asarray(b))
+    # analytic gradient check by central differences (step 1e-6: truncation h^2 ~ 1e-12,
+    # round-off eps/h ~ 1e-10 relative) -> 1e-7 tolerance
+    h = 1e-6
+    fd_A = np.zeros_like(A)
+    for i in range(n):
+        for j in range(n):
+            E = np.zeros_like(A)
+            E[i, j] = h
+            fd_A[i, j] = (f(A + E, b) - f(A - E, b)) / (2 * h)
+    fd_b = np.array([(f(A, b + h * e) - f(A, b - h * e)) / (2 * h) for e in np.eye(n)])
+    np.testing.assert_allclose(gA, fd_A, rtol=1e-7, atol=1e-7)
+    np.testing.assert_allclose(gb, fd_b, rtol=1e-7, atol=1e-7)
+    assert np.all(np.isfinite(gA)) and np.all(np.isfinite(gb))
+    # reverse mode through solve_small_pivots (no custom rule; linear in b): A^{-T} w
+    gb2 = jax.jit(jax.grad(lambda bb: jnp.dot(w, solve_small_pivots(jnp.asarray(A), bb)[0])))(jnp.asarray(b))
+    np.testing.assert_allclose(gb2, np.linalg.solve(A.T, w), rtol=1e-12, atol=1e-12)
+
+
+def test_bad_shapes_raise():
+    with pytest.raises(ValueError, match="A must have shape"):
+        solve_small(jnp.ones((3, 2)), jnp.ones(3))
+    with pytest.raises(ValueError, match="b must have shape"):
+        solve_small(jnp.eye(3), jnp.ones(4))
+
+
+# ----------------------------------------------------------------- no LAPACK in the steps
+
+
+def _lapack_targets(text):
+    # custom-call targets in compiled HLO (custom_call_target="...") or in the lowered
+    # StableHLO (stablehlo.custom_call @target): LAPACK calls are emitted at lowering, XLA
+    # adds none, so the lowered module (no XLA compile: fast) is checked for the steps
+    targets = re.findall(r'custom_call_target="([^"]+)"|custom_call @([\w.$-]+)', text)
+    targets = [a or b for a, b in targets]
+    return [t for t in targets if re.search("lapack|getrf|potrf|getrs|gesv|trsm", t, re.I)]
+
+
+def test_detector_sees_lapack():
+    # the check below must be able to fail: a batched jnp.linalg.solve calls LAPACK, seen
+    # both in the lowered module and in the compiled HLO
+    lowered = jax.jit(jax.vmap(jnp.linalg.solve)).lower(jnp.ones((4, 3, 3)), jnp.ones((4, 3)))
+    assert _lapack_targets(lowered.as_text())
+    assert _lapack_targets(lowered.compile().as_text())
+
+
+def _batched(tree, N):
+    return jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (N, *jnp.shape(a))) + 0, tree)
+
+
+def test_vmapped_ep_and_vi_steps_have_no_lapack():
+    import rigidjax as rj
+    from rigidjax import euler_parameters as ep
+    from rigidjax import systems
+    from rigidjax.variational import vi_step
+
+    body = rj.RigidBody(1.0, jnp.diag(jnp.asarray([1.0, 2.0, 3.0])))
+    w0 = jnp.asarray([0.01, 2.0, 0.0])
+    model = ep.EPModel(body)
+    st = _batched(ep.initial_state(model, angular_velocity=w0[None]), 4)
+    # the value and the implicit-function-theorem derivative (tangent solve) of the step
+    ep_fn = lambda s, dt: ep.ep_step(model, s, None, dt)
+    ep_val_grad = jax.vmap(lambda s, dt: jax.value_and_grad(lambda h: ep_fn(s, h)[0].velocities.sum())(dt))
+    txt = jax.jit(ep_val_grad).lower(st, jnp.full((4,), 1e-3)).as_text()
+    assert "while" in txt  # the Newton loop is in the module checked
+    assert not _lapack_targets(txt)
+
+    system = systems.rigid_body(body)
+    vs = _batched(systems.rigid_body_vi_state(system, rj.RigidBodyState(angular_velocity=w0)), 4)
+    vi_fn = lambda s, dt: vi_step(system, s, None, dt)
+    vi_val_grad = jax.vmap(lambda s, dt: jax.value_and_grad(lambda h: vi_fn(s, h)[0].q.sum())(dt))
+    txt = jax.jit(vi_val_grad).lower(vs, jnp.full((4,), 1e-3)).as_text()
+    assert "while" in txt
+    assert not _lapack_targets(txt)
+
