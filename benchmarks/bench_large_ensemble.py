@@ -2,12 +2,17 @@
 own subprocess under a hard timeout.
 
     python -m benchmarks.bench_large_ensemble [--quick] [--timeout 300] [--sizes 4096,16384]
+                                              [--steppers midpoint,midpoint-lu,ep,vi]
+                                              [--dtypes float64,float32] [--steps N]
 
 Another JAX simulator hangs on this kind of machine (2 cores) at 4096+ bodies in a vmapped
-scan; this script runs ``jit(vmap(rollout))`` of the midpoint step (and of the LAPACK-based
-layout baseline ``midpoint-lu``) at those sizes with the full trajectory stored, float64 and
-float32, each case in a fresh interpreter killed after ``--timeout`` seconds, and reports
-whether it finished, its time and body-steps/s. A hang shows as ``timeout``. Writes
+scan; this script runs ``jit(vmap(rollout))`` of a stepper at those sizes with the full
+trajectory stored, each case in a fresh interpreter killed after ``--timeout`` seconds, and
+reports whether it finished, its time and body-steps/s. A hang shows as ``timeout``.
+Steppers: ``midpoint``, the LAPACK-based layout baseline ``midpoint-lu``, ``ep`` (Euler
+parameters, generalized-alpha Newton) and ``vi`` (variational, DEL Newton); by default the
+midpoint cases (float64, float32) and ``midpoint-lu`` (float64). ``--steps`` overrides the
+number of steps (default 1000 / 500 at N <= / > 4096, a tenth with ``--quick``). Writes
 ``benchmarks/results/bench_large_ensemble.json``.
 """
 
@@ -37,11 +42,22 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--sizes", default="4096,16384")
+    ap.add_argument("--steppers", default=None, help="comma-separated: midpoint, midpoint-lu, ep, vi")
+    ap.add_argument("--dtypes", default=None, help="comma-separated: float64, float32 (with --steppers)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default by N)")
     args = ap.parse_args(argv)
     rows = []
-    cases = [("midpoint", "float64"), ("midpoint", "float32"), ("midpoint-lu", "float64")]
+    if args.steppers is None:
+        cases = [("midpoint", "float64"), ("midpoint", "float32"), ("midpoint-lu", "float64")]
+    else:
+        names = [STEPPERS.get(s.strip(), s.strip()) for s in args.steppers.split(",")]
+        unknown = sorted(set(names) - set(STEPPERS.values()))
+        if unknown:
+            ap.error(f"unknown stepper(s) {unknown}; choose from {sorted(STEPPERS)}")
+        cases = [(s, d.strip()) for s in names for d in (args.dtypes or "float64").split(",")]
     for N in [int(s) for s in args.sizes.split(",")]:
         n = (100 if args.quick else 1000) if N <= 4096 else (50 if args.quick else 500)
+        n = args.steps or n
         for stepper, dtype in cases:
             r = subprocess_json(CODE.format(stepper=stepper, N=N, n=n, dtype=dtype), args.timeout)
             row = {"stepper": stepper, "dtype": dtype, "N": N, "steps": n}
@@ -56,6 +72,7 @@ def main(argv=None):
     print("wrote", write_json("bench_large_ensemble", {"machine": machine(), "rows": rows, "timeout_s": args.timeout}))
 
 
+STEPPERS = {"midpoint": "midpoint", "midpoint-lu": "midpoint-lu", "ep": "euler-parameters", "vi": "variational"}
 COLS = ["stepper", "dtype", "N", "steps", "outcome", "first_call_s", "run_s", "body_steps_per_s", "energy_drift", "converged"]
 
 if __name__ == "__main__":
