@@ -302,9 +302,30 @@ def _core_fast(body, t, x, q, v, omega, wrench, dt, active, attitude):
     return out[0], tuple(out[1:4]), tuple(out[4:8]), tuple(out[8:11]), tuple(out[11:14]), out[14], ok > 0
 
 
+# Array form for derivatives: (…, 3) vectors and (…, 3, 3) matrices with elementwise ops and
+# short trailing reductions only (no dot, no scatter), so the linearised and transposed step
+# fuses into a few loops per step like the primal.
+
+
+def _amv(A, x):
+    return jnp.sum(A * x[..., None, :], -1)
+
+
+def _amm(A, B):
+    return jnp.sum(A[..., :, :, None] * B[..., None, :, :], -2)
+
+
+def _ahat(w):
+    z = jnp.zeros_like(w[..., 0])
+    return jnp.stack(
+        [jnp.stack([z, -w[..., 2], w[..., 1]], -1), jnp.stack([w[..., 2], z, -w[..., 0]], -1),
+         jnp.stack([-w[..., 1], w[..., 0], z], -1)], -2,
+    )
+
+
 def _inv3_arrays(A):
     """Inverse of (…, 3, 3) by scaled cofactors (rows' cross products), array form."""
-    s = jnp.abs(jnp.trace(A, axis1=-2, axis2=-1))[..., None, None] / 3
+    s = jnp.abs(A[..., 0, 0] + A[..., 1, 1] + A[..., 2, 2])[..., None, None] / 3
     A = A / s
     a0, a1, a2 = A[..., 0, :], A[..., 1, :], A[..., 2, :]
     c0, c1, c2 = jnp.cross(a1, a2), jnp.cross(a2, a0), jnp.cross(a0, a1)
@@ -316,15 +337,30 @@ def _solve_arrays(body, w, rhs, dt):
     """The block elimination of :func:`_solve_blocks` on stacked arrays (no LAPACK call: a
     batched LAPACK custom call inside a vmapped scan can deadlock XLA:CPU's 2-thread pool,
     see benchmarks/README.md)."""
-    R = body.resistance
+    R, J = body.resistance, body.inertia
     m_dt = (jnp.asarray(body.mass) / dt)[..., None, None] * jnp.eye(3, dtype=w.dtype)
     A11, A12, A21 = m_dt + R[..., :3, :3], R[..., :3, 3:], R[..., 3:, :3]
-    A22 = body.inertia / dt[..., None, None] + R[..., 3:, 3:] - 0.5 * gyroscopic_jacobian(body.inertia, w)
+    K = _ahat(_amv(J, w)) - _amm(_ahat(w), J)
+    A22 = J / dt[..., None, None] + R[..., 3:, 3:] - 0.5 * K
     inv11 = _inv3_arrays(A11)
-    P = inv11 @ A12
-    y1 = _apply(inv11, rhs[..., :3])
-    x2 = _apply(_inv3_arrays(A22 - A21 @ P), rhs[..., 3:] - _apply(A21, y1))
-    return jnp.concatenate([y1 - _apply(P, x2), x2], -1)
+    P = _amm(inv11, A12)
+    y1 = _amv(inv11, rhs[..., :3])
+    x2 = _amv(_inv3_arrays(A22 - _amm(A21, P)), rhs[..., 3:] - _amv(A21, y1))
+    return jnp.concatenate([y1 - _amv(P, x2), x2], -1)
+
+
+def _aquat_exp_mul(Q, phi, eps):
+    """``Q ⊗ exp(phi)`` (…, 4), array form of :func:`_quat_exp_mul` (unnormalised)."""
+    t2 = jnp.sum(phi * phi, -1)
+    taylor = t2 < eps
+    th = jnp.sqrt(jnp.where(taylor, jnp.ones_like(t2), t2))
+    re = jnp.where(taylor, 1.0 - t2 / 8.0 + t2 * t2 / 384.0, jnp.cos(0.5 * th))
+    im = jnp.where(taylor, 0.5 - t2 / 48.0 + t2 * t2 / 3840.0, jnp.sin(0.5 * th) / th)
+    E = im[..., None] * phi
+    w0, u = Q[..., :1], Q[..., 1:]
+    w = w0[..., 0] * re - jnp.sum(u * E, -1)
+    xyz = w0 * E + re[..., None] * u + jnp.cross(u, E)
+    return jnp.concatenate([w[..., None], xyz], -1)
 
 
 def _core_reference(body, t, x, q, v, omega, wrench, dt, active, attitude):
@@ -337,16 +373,18 @@ def _core_reference(body, t, x, q, v, omega, wrench, dt, active, attitude):
     """
     dtype = omega[0].dtype
     X, Q, Vl, W = _stack(x), _stack(q), _stack(v), _stack(omega)
-    gyro = gyroscopic_term(body.inertia, W)
-    F = jnp.concatenate([jnp.asarray(body.mass)[..., None] * body.gravity, -gyro], -1)
+    J = body.inertia
+    gyro = jnp.cross(W, _amv(J, W))
+    mg = jnp.asarray(body.mass)[..., None] * body.gravity
+    F = jnp.concatenate(jnp.broadcast_arrays(mg, -gyro), -1)
     if wrench is not None:
         F = F + jnp.asarray(wrench, dtype)
     V = jnp.concatenate([Vl, W], -1)
-    rhs = F - _apply(body.resistance, V)
+    rhs = F - _amv(body.resistance, V)
     V1 = V + _solve_arrays(body, W, rhs, jnp.asarray(dt))
     v1, w1 = V1[..., :3], V1[..., 3:]
     w_att = w1 if attitude == "new" else 0.5 * (W + w1)
-    q1 = so3.multiply(Q, so3.exp(jnp.asarray(dt)[..., None] * w_att))
+    q1 = _aquat_exp_mul(Q, jnp.asarray(dt)[..., None] * w_att, get_epsilon(jnp.dtype(dtype)))
     q1 = (*_comps(q1, 4), jnp.sqrt(jnp.sum(q1 * q1, -1)))
     x1 = X + jnp.asarray(dt)[..., None] * v1
     return _finalize(t, x, q, v, omega, _comps(x1, 3), q1, _comps(v1, 3), _comps(w1, 3), dt, active)
@@ -431,6 +469,7 @@ class PackedStep(eqx.Module):
     unpack: object = eqx.field(static=True)
     step: object = eqx.field(static=True)
     check: object = eqx.field(static=True)
+    attitude: str = eqx.field(static=True)
 
 
 def packed_form(step) -> PackedStep | None:
@@ -453,6 +492,7 @@ def packed_form(step) -> PackedStep | None:
         unpack=unpack_state,
         step=functools.partial(_packed_step, attitude=attitude, max_rotation=max_rotation),
         check=functools.partial(check_step_inputs, where="midpoint_step"),
+        attitude=attitude,
     )
 
 

@@ -81,6 +81,7 @@ def rollout(
     allow_rotation_limit: bool = False,
     checkpoint_every: int | None = None,
     save_every: int | None = None,
+    adjoint: str | None = None,
 ) -> Trajectory:
     """Run ``step`` for ``n_steps`` with ``lax.scan``.
 
@@ -118,6 +119,16 @@ def rollout(
             trajectory memory falls by ``s`` (e.g. ``save_every=n_steps``: initial and final
             state only, for large ensembles); the dynamics are unchanged.
 
+        adjoint: how ``jax.grad``/``vjp`` differentiate the rollout. ``None`` (default):
+            autodiff through the scan (forward and reverse mode, any stepper, composes with
+            everything). ``"discrete"``: for :func:`rigidjax.midpoint_step` only, the exact
+            gradient of the discrete trajectory by a hand-written reverse sweep
+            (:mod:`rigidjax.adjoint`) that reads only the stored states: reverse mode several
+            times cheaper than autodiff on CPU (``benchmarks/README.md``), memory the
+            trajectory itself. Reverse mode only (``jax.jvp``/``jacfwd`` raise, as for any
+            ``jax.custom_vjp``); needs per-step or no ``loads`` (not a callable) and no
+            ``save_every``/``checkpoint_every``.
+
     Returns:
         :class:`Trajectory` with ``states`` (``n_steps + 1`` along the leading axis, or as
         ``save_every`` says) and per-step (per save interval) ``info``. A member whose step
@@ -131,7 +142,8 @@ def rollout(
 
     Raises:
         ValueError: ``dt <= 0``, NaN ``dt``, inconsistent ``n_steps``/``dt``/``loads`` lengths,
-            ``checkpoint_every`` or ``save_every`` not a positive integer.
+            ``checkpoint_every`` or ``save_every`` not a positive integer; ``adjoint`` not
+            ``None``/``"discrete"`` or ``"discrete"`` with an unsupported step or option.
     """
     dt_arr, n = check_dt(dt, n_steps)
     checkpoint_every = _positive_int_or_none(checkpoint_every, "checkpoint_every")
@@ -146,8 +158,21 @@ def rollout(
 
     failure_codes = jnp.asarray([int(c) for c in FAILURES], jnp.int32)
     packed = packed_form(step)
+    if adjoint not in (None, "discrete"):
+        raise ValueError(f"rollout: adjoint must be None or 'discrete'; got {adjoint!r}")
+    if adjoint == "discrete":
+        problems = [
+            msg for bad, msg in (
+                (packed is None, "the step is not rigidjax.midpoint_step"),
+                (callable(loads), "loads is a callable"),
+                (save_every not in (None, 1), "save_every is set"),
+                (checkpoint_every is not None, "checkpoint_every is set (the discrete adjoint needs no checkpoints)"),
+            ) if bad
+        ]
+        if problems:
+            raise ValueError("rollout: adjoint='discrete' is not available here: " + "; ".join(problems))
 
-    def body(carry, xs):
+    def body(carry, xs, model=model, dt_arr=dt_arr):
         state, fail_code = carry
         dt_k, load_k = xs
         if dt_k is None:  # scalar dt: a constant of the loop, so XLA hoists what depends on it
@@ -175,7 +200,9 @@ def rollout(
     xs = (xs_dt, xs_load)
     fail0 = jnp.zeros(_batch_shape(state0), jnp.int32)
     carry0 = (packed.pack(state0) if packed is not None else state0, fail0)
-    if save_every is None or save_every == 1 or n == 0:
+    if adjoint == "discrete" and n > 0:
+        states, info = _discrete_adjoint_scan(packed, body, model, carry0, dt_arr, xs_load, n)
+    elif save_every is None or save_every == 1 or n == 0:
         _, (states, info) = _scan(body, carry0, xs, n, checkpoint_every)
     else:
         states, info = _saved_scan(body, carry0, xs, n, save_every, checkpoint_every)
@@ -192,6 +219,82 @@ def rollout(
             states = jax.tree_util.tree_map(lambda a: eqx.error_if(a, bad, msg), states)
             info = jax.tree_util.tree_map(lambda a: eqx.error_if(a, bad, msg), info)
     return Trajectory(states=states, info=info)
+
+
+def _unbroadcast(x, shape):
+    """Sum ``x`` down to ``shape`` (the transpose of broadcasting)."""
+    x = jnp.asarray(x)
+    lead = x.ndim - len(shape)
+    x = jnp.sum(x, axis=tuple(range(lead))) if lead > 0 else x
+    axes = tuple(i for i, (a, b) in enumerate(zip(x.shape, shape)) if b == 1 and a != 1)
+    return jnp.sum(x, axis=axes, keepdims=True) if axes else x
+
+
+def _discrete_adjoint_scan(packed, body, model, carry0, dt_arr, xs_load, n):
+    """The packed midpoint rollout with its reverse-mode derivative given by :mod:`rigidjax.adjoint`."""
+    from . import adjoint as adj
+
+    per_step_dt = dt_arr.ndim == 1
+
+    def forward(model, carry0, dt_arr, xs_load):
+        b = lambda c, x: body(c, x, model=model, dt_arr=dt_arr)  # noqa: E731
+        _, (states, info) = jax.lax.scan(b, carry0, (dt_arr if per_step_dt else None, xs_load), length=n)
+        return states, info
+
+    @jax.custom_vjp
+    def run(model, carry0, dt_arr, xs_load):
+        return forward(model, carry0, dt_arr, xs_load)
+
+    def run_fwd(model, carry0, dt_arr, xs_load):
+        out = forward(model, carry0, dt_arr, xs_load)
+        return out, (model, carry0, dt_arr, xs_load, out)
+
+    def run_bwd(res, ct):
+        model, (state0, _), dt_arr, xs_load, (states, info) = res
+        ct_states, ct_info = ct
+        dtype = state0.angular_velocity[0].dtype
+        prev = jax.tree_util.tree_map(lambda a0, a: jnp.concatenate([a0[None], a[:-1]], 0), state0, states)
+        ok = ~jnp.isin(info.status, jnp.asarray([int(c) for c in FAILURES], jnp.int32))
+        batch = jnp.shape(state0.time)
+        consts = None if per_step_dt else adj.model_constants(model, jnp.asarray(dt_arr, dtype))
+
+        def back(carry, xs):
+            lam, acc = carry
+            c0, c1, ok_k, ct1, rot_bar, dt_k, load_k = xs
+            dt_k = jnp.asarray(dt_arr if dt_k is None else dt_k, dtype)
+            cs = consts if consts is not None else adj.model_constants(model, dt_k)
+            lam, acc, wrench_bar, dt_bar = adj.step_vjp(cs, c0, c1, ok_k, dt_k, lam, ct1, rot_bar, acc, packed.attitude)
+            return (lam, acc), (wrench_bar, dt_bar)
+
+        lam0 = jnp.zeros((14, *batch), dtype)
+        acc0 = jnp.zeros((50, *batch), dtype)
+        xs = (prev, states, ok, ct_states, ct_info.rotation, dt_arr if per_step_dt else None, xs_load)
+        (lam, acc), (wrench_bar, dt_bar) = jax.lax.scan(back, (lam0, acc0), xs, length=n, reverse=True)
+        m_bar, J_bar, R_bar, g_bar = adj.unflatten_params(tuple(acc[:49]))
+        model_bar = eqx.tree_at(
+            lambda b: (b.mass, b.inertia, b.resistance, b.gravity),
+            model,
+            (
+                _unbroadcast(m_bar, jnp.shape(model.mass)),
+                _unbroadcast(J_bar, jnp.shape(model.inertia)),
+                _unbroadcast(R_bar, jnp.shape(model.resistance)),
+                _unbroadcast(g_bar, jnp.shape(model.gravity)),
+            ),
+        )
+        if per_step_dt:
+            dt_bar_out = jnp.sum(dt_bar.reshape(n, -1), -1).astype(dt_arr.dtype)
+        else:
+            dt_bar_out = jnp.sum(acc[49]).astype(dt_arr.dtype)
+        load_bar = None
+        if xs_load is not None:
+            wb = jnp.stack(wrench_bar, -1)  # (n, *batch, 6)
+            load_bar = _unbroadcast(wb, jnp.shape(xs_load)).astype(xs_load.dtype)
+        lam = adj.carry_from_array(lam)
+        carry0_bar = (jax.tree_util.tree_map(lambda a, s0: _unbroadcast(a, jnp.shape(s0)), lam, state0), None)
+        return model_bar, carry0_bar, dt_bar_out, load_bar
+
+    run.defvjp(run_fwd, run_bwd)
+    return run(model, carry0, dt_arr, xs_load)
 
 
 def _positive_int_or_none(k, name: str):

@@ -1,0 +1,236 @@
+r"""Discrete adjoint of midpoint rollouts: reverse-mode gradients in a few fused loops per step.
+
+Used by :func:`rigidjax.rollout` with ``adjoint="discrete"`` for :func:`rigidjax.midpoint_step`.
+It is the exact gradient of the discrete trajectory (not of an ODE adjoint): the reverse
+sweep runs the transpose of each step's Jacobian, written out by hand in the
+structure-of-arrays form of :mod:`rigidjax.midpoint`, from the stored states only (no other
+residuals). Autodiff through the scan transposes ~100 small XLA kernels per step, which on
+CPU costs more than the arithmetic; this sweep is a handful of multi-output loops.
+
+The step (seed 000; ``V = (v, omega)``, ``K = hat(J omega) - hat(omega) J``):
+
+.. math::
+
+    A\,\Delta V = F - (0, \omega\times J\omega) - R V,\quad A = M/\Delta t + R - K/2,\quad
+    V' = V + \Delta V,\quad x' = x + \Delta t\, v',\quad
+    q' = \frac{q\otimes e}{|q\otimes e|},\ e = \exp(\Delta t\,\omega_a)
+
+with ``omega_a = omega'`` (``attitude="new"``) or ``(omega + omega')/2``. Given the cotangent
+``(x̄', q̄', v̄', ω̄')`` of the new state, the sweep forms ``r̄`` (normalisation), ``q̄, ē``
+(Hamilton product), ``φ̄`` (exponential map, with its Taylor branch near 0), then
+``λ = A^{-T} V̄'`` by the transposed block elimination, and from ``λ``: ``R̄ = -λ V'^T``,
+``J̄``, ``m̄``, ``ḡ = m λ_v``, the wrench cotangent ``λ``, ``Δt̄`` and ``V̄ = V̄' - R^T λ`` plus
+the gyroscopic and ``K`` terms (see the comments). Rejected or frozen steps pass the
+cotangent through unchanged. Checked against central finite differences and against
+autodiff through the same rollout in ``tests/test_adjoint.py``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jaxlie.utils import get_epsilon
+
+from .midpoint import MidpointCarry, _cross, _inv3, _materialize, _mm, _model_parts, _mv
+
+__all__ = ["step_vjp", "model_constants", "unflatten_params", "carry_to_array", "carry_from_array"]
+
+
+def _dot(a, b):
+    return sum(x * y for x, y in zip(a, b))
+
+
+def _mtv(A, x):
+    """``A^T x`` in tuple form."""
+    return tuple(A[0][j] * x[0] + A[1][j] * x[1] + A[2][j] * x[2] for j in range(3))
+
+
+def model_constants(body, dt):
+    """Per-body quantities of the step that do not depend on the state (hoisted out of the sweep)."""
+    m, J, R, g = _model_parts(body)
+    m_dt = m / dt
+    A11 = tuple(tuple((m_dt if i == j else 0) + R[i][j] for j in range(3)) for i in range(3))
+    A12 = tuple(R[i][3:] for i in range(3))
+    A21 = tuple(R[3 + i][:3] for i in range(3))
+    inv11 = _inv3(A11)
+    P = _mm(inv11, A12)
+    return m, J, R, g, inv11, P, A21, _mm(A21, P)
+
+
+def step_vjp(consts, c0: MidpointCarry, c1: MidpointCarry, ok, dt, lam1: MidpointCarry, ct1: MidpointCarry, rot_bar, acc, attitude):
+    """Transpose of one midpoint step at ``c0 -> c1``.
+
+    Args:
+        consts: :func:`model_constants` of the body at this ``dt``.
+        c0, c1: the carry before and after the step (``c1`` as stored by the rollout).
+        ok: bool, batch shape: the step was accepted (else the state was passed through).
+        dt: the step, s.
+        lam1, ct1: cotangents of ``c1`` from the later steps (``(14, …)`` array, see
+            :func:`carry_to_array`) and from the loss (a carry); added here. ``rot_bar``:
+            cotangent of ``info.rotation``.
+        acc: ``(50, …)`` running sums ``(m̄, J̄ (9), R̄ (36), ḡ (3), dt̄)`` the step adds to.
+
+    Returns:
+        ``(ct0 (14, …), acc (50, …), wrench_bar (6 arrays), dt_bar)``, every component of
+        the batch shape (not yet summed over members sharing a body); ``dt_bar`` this
+        step's part.
+    """
+    # lam1 (14, …) and acc (50, …) are single arrays so the sweep's loop carries two buffers,
+    # not 64 (XLA copies each carried buffer a multi-output loop rewrites)
+    ct1 = jax.tree_util.tree_map(lambda a, b: a + b, carry_from_array(lam1), ct1)
+    acc = tuple(acc[i] for i in range(50))
+    m, J, R, g, inv11, P, A21, A21P = consts
+    dtype = c0.angular_velocity[0].dtype
+    x, q, v, w = c0.position, c0.orientation, c0.velocity, c0.angular_velocity
+    v1, w1 = c1.velocity, c1.angular_velocity
+    xb1, qb1, vb1, wb1 = ct1.position, ct1.orientation, ct1.velocity, ct1.angular_velocity
+    dV = tuple(a - b for a, b in zip(v1 + w1, v + w))
+    inv_dt = 1 / dt
+
+    # --- stage 1: the step's nonlinear intermediates (Schur inverse, exp, product, norm) ---
+    Jw = _mv(J, w)
+    hIw = ((0, -Jw[2], Jw[1]), (Jw[2], 0, -Jw[0]), (-Jw[1], Jw[0], 0))
+    hwJ = (
+        tuple(w[1] * J[2][j] - w[2] * J[1][j] for j in range(3)),
+        tuple(w[2] * J[0][j] - w[0] * J[2][j] for j in range(3)),
+        tuple(w[0] * J[1][j] - w[1] * J[0][j] for j in range(3)),
+    )
+    S = tuple(
+        tuple(J[i][j] * inv_dt + R[3 + i][3 + j] - 0.5 * (hIw[i][j] - hwJ[i][j]) - A21P[i][j] for j in range(3))
+        for i in range(3)
+    )
+    Sinv = _inv3(S)
+    w_att = w1 if attitude == "new" else tuple(0.5 * (a + b) for a, b in zip(w, w1))
+    phi = tuple(dt * c for c in w_att)
+    t2 = _dot(phi, phi)
+    taylor = t2 < get_epsilon(jnp.dtype(dtype))
+    th = jnp.sqrt(jnp.where(taylor, jnp.ones_like(t2), t2))
+    half_s, half_c = jnp.sin(0.5 * th), jnp.cos(0.5 * th)
+    C = jnp.where(taylor, 1.0 - t2 / 8.0 + t2 * t2 / 384.0, half_c)
+    Sf = jnp.where(taylor, 0.5 - t2 / 48.0 + t2 * t2 / 3840.0, half_s / th)
+    t2s = jnp.where(taylor, jnp.ones_like(t2), t2)
+    dC = jnp.where(taylor, -1.0 / 8.0 + t2 / 192.0, -Sf / 4)  # dC/d(t2)
+    dS = jnp.where(taylor, -1.0 / 48.0 + t2 / 1920.0, (C / 2 - Sf) / (2 * t2s))  # dS/d(t2)
+    e0, ev = C, tuple(Sf * p for p in phi)
+    q0, qv = q[0], q[1:]
+    r0 = q0 * e0 - _dot(qv, ev)
+    rv = tuple(q0 * ev[i] + e0 * qv[i] + c for i, c in enumerate(_cross(qv, ev)))
+    # norms are materialised before anything divides by them: a fused x / sqrt(.) becomes
+    # XLA's rsqrt, which has no float64 vector form and would leave the loop scalar
+    stage1 = _materialize(
+        *sum(Sinv, ()), C, Sf, dC, dS, r0, *rv,
+        jnp.sqrt(r0 * r0 + _dot(rv, rv)), jnp.sqrt(_dot(w, w)), jnp.sqrt(_dot(w1, w1)),
+    )
+    Sinv = tuple(tuple(stage1[3 * i : 3 * i + 3]) for i in range(3))
+    C, Sf, dC, dS = stage1[9:13]
+    r = tuple(stage1[13:17])
+    n, n0, nw1 = stage1[17:20]
+
+    # --- stage 2: the transpose, output by output ---
+    e0, ev = C, tuple(Sf * p for p in phi)
+    q0, qv = q[0], q[1:]
+    q1 = c1.orientation  # = r / n as stored by the forward step (where accepted)
+    # q' = r / |r|
+    proj = _dot(q1, qb1)
+    rb = _materialize(*((qb1[i] - q1[i] * proj) / n for i in range(4)))
+    rb0, rbv = rb[0], rb[1:]
+    # r = q ⊗ e: q̄ = R(e)^T r̄, ē = L(q)^T r̄
+    qbar_v = tuple(-rb0 * ev[i] + e0 * rbv[i] + c for i, c in enumerate(_cross(ev, rbv)))
+    qbar = (rb0 * e0 + _dot(rbv, ev),) + qbar_v
+    eb0 = rb0 * q0 + _dot(qv, rbv)
+    ebv = tuple(-rb0 * qv[i] + q0 * rbv[i] + c for i, c in enumerate(_cross(rbv, qv)))
+    # e = (C(t2), S(t2) phi), t2 = |phi|^2
+    k = 2 * dC * eb0 + 2 * dS * _dot(phi, ebv)
+    phib = tuple(k * phi[i] + Sf * ebv[i] for i in range(3))
+    wab = tuple(dt * c for c in phib)
+    dt_bar = _dot(phib, w_att)
+    wb = [0, 0, 0]
+    wb1 = list(wb1)
+    for i in range(3):
+        if attitude == "new":
+            wb1[i] = wb1[i] + wab[i]
+        else:
+            wb1[i] = wb1[i] + 0.5 * wab[i]
+            wb[i] = wb[i] + 0.5 * wab[i]
+    # info.rotation = max(|omega|, |omega'|) dt
+    use1 = nw1 >= n0
+    s0 = rot_bar * dt / jnp.where(n0 > 0, n0, 1)
+    s1 = rot_bar * dt / jnp.where(nw1 > 0, nw1, 1)
+    for i in range(3):
+        wb1[i] = wb1[i] + jnp.where(use1, s1 * w1[i], 0)
+        wb[i] = wb[i] + jnp.where(use1, 0, s0 * w[i])
+    dt_bar = dt_bar + rot_bar * jnp.maximum(n0, nw1)
+    # x' = x + dt v'
+    vb1 = tuple(vb1[i] + dt * xb1[i] for i in range(3))
+    dt_bar = dt_bar + _dot(xb1, v1) + ct1.time
+    # dV = A^-1 rhs: lambda = A^-T (v̄', ω̄') by the transposed block elimination
+    # materialised: every later quantity reads these (XLA would otherwise recompute them per use)
+    out = _materialize(*vb1, *wb1, *wb, *qbar, dt_bar)
+    y_v, y_w, wb, qbar, dt_bar = tuple(out[:3]), tuple(out[3:6]), list(out[6:9]), tuple(out[9:13]), out[13]
+    wb1 = y_w
+    lam_w = _mtv(Sinv, tuple(y_w[i] - c for i, c in enumerate(_mtv(P, y_v))))
+    lam_v = _mtv(inv11, tuple(y_v[i] - c for i, c in enumerate(_mtv(A21, lam_w))))
+    lam = _materialize(*lam_v, *lam_w)
+    lam_v, lam_w = lam[:3], lam[3:]
+    V1 = v1 + w1
+    R_bar = tuple(tuple(-lam[i] * V1[j] for j in range(6)) for i in range(6))
+    dVv, dVw = dV[:3], dV[3:]
+    JdVw = _mv(J, dVw)
+    m_bar = -_dot(lam_v, dVv) * inv_dt + _dot(g, lam_v)
+    dt_bar = dt_bar + (m * _dot(lam_v, dVv) + _dot(lam_w, JdVw)) * inv_dt * inv_dt
+    g_bar = tuple(m * c for c in lam_v)
+    # K and the gyroscopic term: a = z x lam_w (K, z = dV_w/2), b = w x lam_w (w x J w)
+    z = tuple(0.5 * c for c in dVw)
+    a = _cross(z, lam_w)
+    b = _cross(w, lam_w)
+    ab = tuple(a[i] + b[i] for i in range(3))
+    wxl = _cross(w, lam_w)
+    J_bar = tuple(
+        tuple(ab[i] * w[j] + wxl[i] * z[j] - lam_w[i] * dVw[j] * inv_dt for j in range(3)) for i in range(3)
+    )
+    JzW = _mv(J, tuple(z[i] + w[i] for i in range(3)))
+    gw = _cross(lam_w, JzW)
+    JTab = _mtv(J, ab)
+    RTl = tuple(sum(R[i][j] * lam[i] for i in range(6)) for j in range(6))
+    vb = tuple(vb1[j] - RTl[j] for j in range(3))
+    wb = tuple(wb[j] + wb1[j] - RTl[3 + j] + JTab[j] + gw[j] for j in range(3))
+    # rejected / frozen steps: the state was passed through (rotation = |omega| dt)
+    pas_w = tuple(ct1.angular_velocity[i] + s0 * w[i] for i in range(3))
+
+    def pick(new, old):
+        return tuple(jnp.where(ok, a_, b_) for a_, b_ in zip(new, old))
+
+    zero = jnp.zeros_like(ok, dtype)
+    ct0 = (
+        (ct1.time,)
+        + pick(xb1, ct1.position)
+        + pick(qbar, ct1.orientation)
+        + pick(vb, ct1.velocity)
+        + pick(wb, pas_w)
+    )
+    params = (m_bar,) + sum(J_bar, ()) + sum(R_bar, ()) + g_bar
+    dt_bar = jnp.where(ok, dt_bar, rot_bar * n0)
+    acc = tuple(a_ + jnp.where(ok, p_, zero) for a_, p_ in zip(acc[:49], params)) + (acc[49] + dt_bar,)
+    wrench_bar = tuple(jnp.where(ok, c, zero) for c in lam)
+    out = _materialize(*ct0, *acc, *wrench_bar, dt_bar)
+    return jnp.stack(out[:14]), jnp.stack(out[14:64]), tuple(out[64:70]), out[70]
+
+
+def carry_to_array(c: MidpointCarry) -> jax.Array:
+    """``(14, …)``: time, position, orientation, velocity, angular_velocity components."""
+    return jnp.stack(jnp.broadcast_arrays(*jax.tree_util.tree_leaves(c)))
+
+
+def carry_from_array(a) -> MidpointCarry:
+    return MidpointCarry(a[0], tuple(a[1:4]), tuple(a[4:8]), tuple(a[8:11]), tuple(a[11:14]))
+
+
+def unflatten_params(acc):
+    """``(m̄, J̄ (…, 3, 3), R̄ (…, 6, 6), ḡ (…, 3))`` arrays from the 49 accumulated components."""
+    from .midpoint import _stack
+
+    J = jnp.stack([_stack(acc[1 + 3 * i : 4 + 3 * i]) for i in range(3)], -2)
+    R = jnp.stack([_stack(acc[10 + 6 * i : 16 + 6 * i]) for i in range(6)], -2)
+    return acc[0], J, R, _stack(acc[46:49])
+
+
