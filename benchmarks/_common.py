@@ -166,17 +166,20 @@ def midpoint_step_lu(body, state, wrench, dt, *, attitude="new", max_rotation=0.
 def ensemble_fn(name: str, n_bodies: int, n_steps: int, dtype):
     """A jitted ``f(states0) -> (final states, max relative energy drift)`` for ``n_bodies``
     copies of the standard body: ``rigidjax.ensemble.ensemble_rollout`` semantics (vmap of
-    ``rollout`` over members, full trajectory stored), one shared model."""
+    ``rollout`` over members, full trajectory stored; ``"<name>-final"``: ``save_every=n``,
+    initial and final states only), one shared model."""
     import jax
     import jax.numpy as jnp
 
     import rigidjax as rj
 
-    step, model, s0, energy = standard_case(name, dtype)
+    final = name.endswith("-final")  # keep the initial and final states only (save_every=n)
+    step, model, s0, energy = standard_case(name.removesuffix("-final"), dtype)
     states0 = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (n_bodies, *jnp.shape(a))) + 0, s0)
 
     def run(states0):
-        tr = jax.vmap(lambda s: rj.rollout(step, model, s, DT, n_steps))(states0)
+        save = n_steps if final else None
+        tr = jax.vmap(lambda s: rj.rollout(step, model, s, DT, n_steps, save_every=save))(states0)
         E = energy(model, tr.states)  # (N, T)
         drift = jnp.max(jnp.abs(E / E[:, :1] - 1))
         return tr.states, drift, jnp.all(tr.info.converged)

@@ -6,7 +6,8 @@ Loss: ``sum_k |omega_k|^2 + sum_k |q_k|^2`` over a whole rollout of the standard
 body (float64, ``dt = 1e-3``); gradient with respect to the inertia tensor and ``omega0``.
 
 1. time: ``jit(grad(loss))`` against ``jit(loss)`` through 1000 steps (best of 3 warm calls),
-   plain scan and ``checkpoint_every = 32`` (~sqrt(1000)); target <= 4x;
+   plain scan, ``checkpoint_every = 32`` (~sqrt(1000)) and, for the midpoint step,
+   ``adjoint="discrete"`` (the hand-written reverse sweep); target <= 4x;
 2. memory against rollout length: XLA's compiled memory analysis (``temp_size_in_bytes``:
    scratch the program needs besides its inputs/outputs) of the gradient for
    ``n_steps`` = 100 ... 100000, plain and ``checkpoint_every = round(sqrt(n))``.
@@ -22,7 +23,7 @@ import math
 from ._common import DT, machine, standard_case, table, timed, write_json
 
 
-def _loss_fn(stepper, n, k, members=None):
+def _loss_fn(stepper, n, k, members=None, adjoint=None):
     import jax.numpy as jnp
 
     import rigidjax as rj
@@ -34,14 +35,14 @@ def _loss_fn(stepper, n, k, members=None):
         if members is not None:  # an ensemble: vmap of the single-body loss over omega0 (N, 3)
             import jax
 
-            single, _ = _loss_fn(stepper, n, k)
+            single, _ = _loss_fn(stepper, n, k, adjoint=adjoint)
             return jnp.sum(jax.vmap(single, in_axes=(None, 0))(inertia, omega0))
         if stepper.startswith("midpoint"):
             m = rj.RigidBody(body0.mass, inertia)
             s = rj.RigidBodyState(angular_velocity=omega0)
         else:  # the model/state types of the other steppers: perturb omega0 only
             m, s = model, s0
-        tr = rj.rollout(step, m, s, DT, n, checkpoint_every=k)
+        tr = rj.rollout(step, m, s, DT, n, checkpoint_every=k, adjoint=adjoint)
         leaves = [a for a in (getattr(tr.states, "angular_velocity", None), getattr(tr.states, "orientation", None)) if a is not None]
         if not leaves:
             leaves = [tr.states.q if hasattr(tr.states, "q") else tr.states.coordinates]
@@ -64,20 +65,22 @@ def main(argv=None):
     for stepper in args.steppers.split(","):
       for N in (1, 256):
         n = 1000
-        for k in (None, 32):
-            loss, I0 = _loss_fn(stepper, n, k, None if N == 1 else N)
+        variants = [(None, None), (32, None)] + ([(None, "discrete")] if stepper.startswith("midpoint") else [])
+        for k, adjoint in variants:
+            loss, I0 = _loss_fn(stepper, n, k, None if N == 1 else N, adjoint)
             w = w0 if N == 1 else jnp.broadcast_to(w0, (N, 3)) + 0.0
             _, t_f, _, _ = timed(jax.jit(loss), I0, w)
             _, t_g, _, _ = timed(jax.jit(jax.grad(loss, argnums=(0, 1))), I0, w)
-            row = {"stepper": stepper, "N": N, "n_steps": n, "checkpoint_every": k or "-", "forward_s": t_f, "grad_s": t_g, "grad/forward": t_g / t_f}
+            row = {"stepper": stepper, "N": N, "n_steps": n, "checkpoint_every": k or "-", "adjoint": adjoint or "autodiff",
+                   "forward_s": t_f, "grad_s": t_g, "grad/forward": t_g / t_f}
             cost.append(row)
             print(table([row], COST_COLS).splitlines()[-1], flush=True)
     mem = []
     lengths = [100, 1000] if args.quick else [100, 1000, 10000, 100000]
     for n in lengths:
         row = {"n_steps": n}
-        for label, k in (("plain", None), ("checkpointed", max(1, round(math.sqrt(n))))):
-            loss, I0 = _loss_fn("midpoint", n, k)
+        for label, k, adjoint in (("plain", None, None), ("checkpointed", max(1, round(math.sqrt(n))), None), ("discrete", None, "discrete")):
+            loss, I0 = _loss_fn("midpoint", n, k, adjoint=adjoint)
             ma = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(I0, w0).compile().memory_analysis()
             row[f"{label}_temp_MB"] = ma.temp_size_in_bytes / 2**20 if ma is not None else float("nan")
             row["k"] = k if k else row.get("k")
@@ -92,8 +95,8 @@ def main(argv=None):
     print("wrote", write_json("bench_gradient", {"machine": machine(), "cost": cost, "memory": mem}))
 
 
-COST_COLS = ["stepper", "N", "n_steps", "checkpoint_every", "forward_s", "grad_s", "grad/forward"]
-MEM_COLS = ["n_steps", "forward_temp_MB", "plain_temp_MB", "k", "checkpointed_temp_MB"]
+COST_COLS = ["stepper", "N", "n_steps", "checkpoint_every", "adjoint", "forward_s", "grad_s", "grad/forward"]
+MEM_COLS = ["n_steps", "forward_temp_MB", "plain_temp_MB", "k", "checkpointed_temp_MB", "discrete_temp_MB"]
 
 if __name__ == "__main__":
     main()

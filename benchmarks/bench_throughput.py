@@ -6,7 +6,9 @@
 N copies of the standard torque-free body (``I = diag(1, 2, 3)``, ``omega0 = (0.01, 2, 0)``,
 ``dt = 1e-3``), all in ONE process, side by side:
 
-* rigidjax steppers (``midpoint`` = the library's step, ``midpoint-lu`` = the same step with
+* rigidjax steppers (``midpoint`` = the library's step, ``midpoint-final`` = the same with
+  ``save_every=n_steps`` (initial and final state kept, as the peers' runs below),
+  ``midpoint-lu`` = the same step with
   a batched LAPACK solve on ``(N, 6, 6)`` and array-of-structures layout (the layout
   baseline), ``euler-parameters`` (generalized-alpha, Newton), ``variational`` (DEL,
   Newton)): ``jit(vmap(rollout))`` with the whole trajectory stored, as
@@ -34,7 +36,7 @@ from ._common import DT, INERTIA, OMEGA0, ensemble_fn, have, machine, table, tim
 FULL_SIZES = [1, 16, 256, 1024, 4096, 16384]
 QUICK_SIZES = [1, 64, 1024]
 # body-steps per measurement (n_steps = work / N, clipped): ~1 s of the slowest stepper
-WORK = {"midpoint": 4_000_000, "midpoint-lu": 1_000_000, "euler-parameters": 100_000, "variational": 100_000}
+WORK = {"midpoint": 8_000_000, "midpoint-final": 20_000_000, "midpoint-lu": 1_000_000, "euler-parameters": 400_000, "variational": 400_000}
 MIN_STEPS, MAX_STEPS = 10, 2000
 
 
@@ -186,7 +188,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes and few steps (a smoke run)")
     ap.add_argument("--sizes", default=None, help="comma-separated ensemble sizes N")
-    ap.add_argument("--steppers", default="midpoint,midpoint-lu,euler-parameters,variational")
+    ap.add_argument("--steppers", default="midpoint,midpoint-final,midpoint-lu,euler-parameters,variational")
     ap.add_argument("--dtypes", default="float64,float32")
     ap.add_argument("--no-peers", action="store_true", help="skip MuJoCo MJX and Exudyn")
     ap.add_argument("--max-n-newton", type=int, default=16384, help="largest N for the Newton-based steppers")
@@ -224,22 +226,32 @@ def main(argv=None) -> dict:
                     r = {"code": name, "N": N, "error": f"{type(e).__name__}: {e}"[:200]}
                 rows.append(r)
                 print(table([r], COLS).splitlines()[-1], flush=True)
-    # ratios against the peers at each N (rigidjax midpoint float64 / float32 over MJX and Exudyn)
+    # ratios against the peers at each N, same process; "final" rows keep only the last state
+    # (as the MJX and Exudyn runs do), the others store the whole trajectory
     ratios = []
     for N in sizes:
         get = lambda code, dt=None: next(  # noqa: E731
-            (r["body_steps_per_s"] for r in rows if r.get("N") == N and r.get("code", "").startswith(code) and "error" not in r and (dt is None or r.get("dtype") == dt)),
+            (r["body_steps_per_s"] for r in rows if r.get("N") == N and (r.get("code") == code or (code in ("MuJoCo MJX", "Exudyn") and r.get("code", "").startswith(code)))
+             and "error" not in r and (dt is None or r.get("dtype") == dt)),
             None,
         )
-        mid64, mid32, lu64 = get("rigidjax midpoint", "float64"), get("rigidjax midpoint", "float32"), get("rigidjax midpoint-lu", "float64")
         mjx_, exu_ = get("MuJoCo MJX", "float32"), get("Exudyn")
+
+        def ratio(a, b):
+            return a / b if a and b else float("nan")
+
+        fin64, fin32 = get("rigidjax midpoint-final", "float64"), get("rigidjax midpoint-final", "float32")
+        mid64, lu64 = get("rigidjax midpoint", "float64"), get("rigidjax midpoint-lu", "float64")
         ratios.append(
             {
                 "N": N,
-                "midpoint f64 / MJX f32": mid64 / mjx_ if mid64 and mjx_ else float("nan"),
-                "midpoint f32 / MJX f32": mid32 / mjx_ if mid32 and mjx_ else float("nan"),
-                "midpoint f64 / Exudyn": mid64 / exu_ if mid64 and exu_ else float("nan"),
-                "midpoint f64 / midpoint-lu f64": mid64 / lu64 if mid64 and lu64 else float("nan"),
+                "midpoint-final f64 / MJX f32": ratio(fin64, mjx_),
+                "midpoint-final f32 / MJX f32": ratio(fin32, mjx_),
+                "midpoint-final f64 / Exudyn": ratio(fin64, exu_),
+                "midpoint (trajectory) f64 / Exudyn": ratio(mid64, exu_),
+                "EP f64 / Exudyn": ratio(get("rigidjax euler-parameters", "float64"), exu_),
+                "VI f64 / Exudyn": ratio(get("rigidjax variational", "float64"), exu_),
+                "midpoint / midpoint-lu (f64)": ratio(mid64, lu64),
             }
         )
     print()
