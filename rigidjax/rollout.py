@@ -156,8 +156,9 @@ def rollout(
                     f"rollout: per-step loads must have a leading axis of length n_steps={n}; got a leaf of shape {jnp.shape(leaf)}"
                 )
 
-    failure_codes = jnp.asarray([int(c) for c in FAILURES], jnp.int32)
+    failure_codes = np.asarray([int(c) for c in FAILURES], np.int32)
     packed = packed_form(step)
+    template = jax.eval_shape(lambda: state0)
     if adjoint not in (None, "discrete"):
         raise ValueError(f"rollout: adjoint must be None or 'discrete'; got {adjoint!r}")
     if adjoint == "discrete":
@@ -180,7 +181,8 @@ def rollout(
         failed_before = fail_code != 0
         if packed is not None:
             # the public view only feeds shape checks and callable loads; unused, XLA drops it
-            public = packed.unpack(state, state0)
+            # (built on a shape-only template: no closed-over tracers in custom_vjp's forward)
+            public = packed.unpack(state, template)
             if callable(loads):
                 load_k = loads(state.time, public)
             packed.check(model, public, load_k, dt_k)
