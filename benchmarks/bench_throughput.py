@@ -36,7 +36,7 @@ from ._common import DT, INERTIA, OMEGA0, ensemble_fn, have, machine, table, tim
 FULL_SIZES = [1, 16, 256, 1024, 4096, 16384]
 QUICK_SIZES = [1, 64, 1024]
 # body-steps per measurement (n_steps = work / N, clipped): ~1 s of the slowest stepper
-WORK = {"midpoint": 8_000_000, "midpoint-final": 20_000_000, "midpoint-lu": 1_000_000, "euler-parameters": 400_000, "variational": 400_000}
+WORK = {"midpoint": 8_000_000, "midpoint-final": 20_000_000, "midpoint-lu": 1_000_000, "euler-parameters": 100_000, "variational": 100_000}
 MIN_STEPS, MAX_STEPS = 10, 2000
 
 
@@ -191,6 +191,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--steppers", default="midpoint,midpoint-final,midpoint-lu,euler-parameters,variational")
     ap.add_argument("--dtypes", default="float64,float32")
     ap.add_argument("--no-peers", action="store_true", help="skip MuJoCo MJX and Exudyn")
+    ap.add_argument("--mjx-dtypes", default="float32", help="MJX precisions to run (MJX's default is float32)")
     ap.add_argument("--max-n-newton", type=int, default=16384, help="largest N for the Newton-based steppers")
     ap.add_argument("--peer-timeout", type=float, default=240.0, help="MJX runs in a subprocess killed after this many seconds (it deadlocks at N >= 4096 on 2 cores)")
     args = ap.parse_args(argv)
@@ -212,7 +213,7 @@ def main(argv=None) -> dict:
                 rows.append(r)
                 print(table([r], COLS).splitlines()[-1], flush=True)
     if not args.no_peers:
-        peers = [("MuJoCo MJX", "mujoco.mjx", lambda N, q, d=d: _isolated_mjx(N, q, d, args.peer_timeout)) for d in args.dtypes.split(",")]
+        peers = [("MuJoCo MJX", "mujoco.mjx", lambda N, q, d=d: _isolated_mjx(N, q, d, args.peer_timeout)) for d in args.mjx_dtypes.split(",")]
         peers.append(("Exudyn", "exudyn", bench_exudyn))
         for name, mod, fn in peers:
             if not have(mod):
