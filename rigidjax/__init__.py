@@ -21,7 +21,7 @@ from .body import (
 from .info import Status, StepFailure, StepInfo, check
 from .midpoint import gyroscopic_jacobian, gyroscopic_term, midpoint_step
 from .rollout import Trajectory, rollout
-from . import euler_parameters, inertia, identify, io, lqr, reference, synthetic, systems, variational
+from . import adjoint, euler_parameters, inertia, identify, io, linalg, lqr, reference, synthetic, systems, variational
 from .ensemble import ensemble_rollout
 from .euler_parameters import (
     EPModel,
