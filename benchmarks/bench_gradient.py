@@ -4,13 +4,16 @@
 
 Loss: ``sum_k |omega_k|^2 + sum_k |q_k|^2`` over a whole rollout of the standard torque-free
 body (float64, ``dt = 1e-3``); gradient with respect to the inertia tensor and ``omega0``.
+``N = 256``: the midpoint step runs one rollout of a batched state (256 initial rates, one
+shared body), as ``ensemble_rollout`` does; the other steppers ``vmap`` the single-body loss.
 
 1. time: ``jit(grad(loss))`` against ``jit(loss)`` through 1000 steps (best of 3 warm calls),
    plain scan, ``checkpoint_every = 32`` (~sqrt(1000)) and, for the midpoint step,
    ``adjoint="discrete"`` (the hand-written reverse sweep); target <= 4x;
 2. memory against rollout length: XLA's compiled memory analysis (``temp_size_in_bytes``:
    scratch the program needs besides its inputs/outputs) of the gradient for
-   ``n_steps`` = 100 ... 100000, plain and ``checkpoint_every = round(sqrt(n))``.
+   ``n_steps`` = 100 ... 100000, plain, ``checkpoint_every = round(sqrt(n))`` and the
+   discrete adjoint.
 
 Writes ``benchmarks/results/bench_gradient.json``.
 """
@@ -32,14 +35,19 @@ def _loss_fn(stepper, n, k, members=None, adjoint=None):
     body0 = rj.RigidBody(1.0, jnp.diag(jnp.array([1.0, 2.0, 3.0])))
 
     def loss(inertia, omega0):
-        if members is not None:  # an ensemble: vmap of the single-body loss over omega0 (N, 3)
-            import jax
+        if members is not None and not stepper.startswith("midpoint"):
+            import jax  # other steppers: vmap of the single-body loss over omega0 (N, 3)
 
             single, _ = _loss_fn(stepper, n, k, adjoint=adjoint)
             return jnp.sum(jax.vmap(single, in_axes=(None, 0))(inertia, omega0))
         if stepper.startswith("midpoint"):
+            # one body shared by a batched state (N, 3): the ensemble form ensemble_rollout uses
             m = rj.RigidBody(body0.mass, inertia)
-            s = rj.RigidBodyState(angular_velocity=omega0)
+            N_ = omega0.shape[:-1]
+            s = rj.RigidBodyState(
+                angular_velocity=omega0, position=jnp.zeros((*N_, 3)), velocity=jnp.zeros((*N_, 3)),
+                orientation=jnp.broadcast_to(jnp.array([1.0, 0, 0, 0]), (*N_, 4)) + 0.0, time=jnp.zeros(N_),
+            )
         else:  # the model/state types of the other steppers: perturb omega0 only
             m, s = model, s0
         tr = rj.rollout(step, m, s, DT, n, checkpoint_every=k, adjoint=adjoint)
