@@ -180,7 +180,10 @@ def ensemble_fn(name: str, n_bodies: int, n_steps: int, dtype):
     def run(states0):
         save = n_steps if final else None
         tr = jax.vmap(lambda s: rj.rollout(step, model, s, DT, n_steps, save_every=save))(states0)
-        E = energy(model, tr.states)  # (N, T)
+        # one time slice at a time: the variational energy goes through per-point Jacobians,
+        # (N, T) of them at once exhausted 24 GB at N = 16384, T = 500
+        T = jax.tree_util.tree_leaves(tr.states)[0].shape[1]
+        E = jax.lax.map(lambda k: energy(model, jax.tree_util.tree_map(lambda a: a[:, k], tr.states)), jnp.arange(T)).T  # (N, T)
         drift = jnp.max(jnp.abs(E / E[:, :1] - 1))
         return tr.states, drift, jnp.all(tr.info.converged)
 
