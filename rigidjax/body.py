@@ -299,7 +299,19 @@ def check_step_inputs(body: RigidBody, state: RigidBodyState, wrench, dt, where:
             "(rigidjax follows the input dtype and does not cast silently)"
         )
     b_batch, s_batch = body.mass.shape, state.time.shape
-    if b_batch and tuple(jnp.broadcast_shapes(b_batch, s_batch)) != tuple(s_batch):
+
+    def _fits(shape):  # broadcasts against the state's batch without enlarging it
+        try:
+            return tuple(np.broadcast_shapes(tuple(shape), tuple(s_batch))) == tuple(s_batch)
+        except ValueError:
+            return False
+
+    if wrench is not None and not _fits(jnp.shape(wrench)[:-1]):
+        raise ValueError(
+            f"{where}: wrench has batch shape {jnp.shape(wrench)[:-1]} but the state has {s_batch}; a wrench "
+            "(…, 6) must broadcast against the state's ensemble axes (per-step loads of a rollout: (n_steps, …, 6))"
+        )
+    if b_batch and not _fits(b_batch):
         raise ValueError(
             f"{where}: body has ensemble shape {b_batch} but state has {s_batch}; give the state the same "
             "leading axes, or jax.vmap over bodies and states together"

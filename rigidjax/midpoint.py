@@ -42,6 +42,7 @@ from typing import Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxlie.utils import get_epsilon
 
 from . import so3
@@ -398,6 +399,16 @@ def _core(body, t, x, q, v, omega, wrench, dt, active, attitude):
 @_core.defjvp
 def _core_jvp(attitude, primals, tangents):
     out = _core_fast(*primals, attitude)
+    body, t, x, q, v, omega, wrench, dt, active = primals
+    ok = out[-1]
+    # a rejected member (e.g. NaN in its wrench) keeps its old state; its inputs are replaced by
+    # safe ones before differentiating, so 0 * NaN cannot reach the other members' gradients
+    tangents = list(tangents[:8]) + [np.zeros(jnp.shape(ok), jax.dtypes.float0)]
+    if wrench is not None:
+        wrench = jnp.where(ok[..., None], jnp.asarray(wrench, omega[0].dtype), 0)
+        tangents[6] = jnp.broadcast_to(tangents[6], wrench.shape)
+    primals = (body, t, x, q, v, omega, wrench, dt, ok)
+    tangents = tuple(tangents)
     _, t_out = jax.jvp(lambda *a: _core_reference(*a, attitude), primals, tangents)
     return out, t_out
 
@@ -439,19 +450,40 @@ def unpack_state(carry: MidpointCarry, like: RigidBodyState) -> RigidBodyState:
     )
 
 
+def _valid_inputs(body, dt, batch):
+    """Per member: ``dt > 0``, ``mass > 0`` and a positive definite inertia (leading minors).
+
+    The run-time counterpart of the boundary checks, for values traced under ``jit`` (e.g. an
+    inertia being fitted); depends on the model and ``dt`` only, so XLA hoists it out of a scan.
+    """
+    J = body.inertia
+    m1 = J[..., 0, 0]
+    m2 = J[..., 0, 0] * J[..., 1, 1] - J[..., 0, 1] * J[..., 1, 0]
+    m3 = (
+        J[..., 0, 0] * (J[..., 1, 1] * J[..., 2, 2] - J[..., 1, 2] * J[..., 2, 1])
+        - J[..., 0, 1] * (J[..., 1, 0] * J[..., 2, 2] - J[..., 1, 2] * J[..., 2, 0])
+        + J[..., 0, 2] * (J[..., 1, 0] * J[..., 2, 1] - J[..., 1, 1] * J[..., 2, 0])
+    )
+    ok = (dt > 0) & (body.mass > 0) & (m1 > 0) & (m2 > 0) & (m3 > 0)
+    return jnp.broadcast_to(ok, jnp.broadcast_shapes(jnp.shape(ok), batch))
+
+
 def _packed_step(body, carry: MidpointCarry, wrench, dt, active, attitude, max_rotation):
     """The midpoint step on a :class:`MidpointCarry`; members where ``active`` is False (or the
     result is not finite) keep their input state. Returns ``(carry, info)``."""
     dtype = carry.angular_velocity[0].dtype
     dt = jnp.asarray(dt, dtype)
+    valid = _valid_inputs(body, dt, jnp.shape(carry.time))
+    run = valid if active is None else active & valid
     t1, x1, q1, v1, w1, rotation, ok = _core(
         body, carry.time, carry.position, carry.orientation, carry.velocity, carry.angular_velocity,
-        wrench, dt, active, attitude,
+        wrench, dt, run, attitude,
     )
-    finite = ok if active is None else ok | ~active
+    finite = ok | ~run
     status = jnp.where(
         finite, jnp.where(rotation > max_rotation, Status.ROTATION_LIMIT, Status.SUCCESS), Status.NONFINITE
     )
+    status = jnp.where(valid, status, Status.INVALID_INPUT)
     info = make_info(status, jnp.ones_like(status), jnp.zeros_like(rotation), rotation)
     return MidpointCarry(t1, x1, q1, v1, w1), info
 
@@ -527,7 +559,9 @@ def midpoint_step(
     Returns:
         ``(new_state, info)``. ``info.rotation`` is ``max(|omega|, |omega'|) * dt``;
         ``info.iterations`` is 1. If the new state is not finite the input state is returned
-        unchanged with ``Status.NONFINITE``.
+        unchanged with ``Status.NONFINITE``; where values traced under ``jit`` are out of range
+        (``dt <= 0``, ``mass <= 0``, inertia not positive definite) it is returned unchanged with
+        ``Status.INVALID_INPUT``.
     """
     if attitude not in ("new", "midpoint"):
         raise ValueError(f"attitude must be 'new' or 'midpoint'; got {attitude!r}")

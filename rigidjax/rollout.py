@@ -8,6 +8,7 @@ models, states and loads. Gradients: ``jax.grad`` through it (reverse mode throu
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable
 
 import equinox as eqx
@@ -48,6 +49,13 @@ class Trajectory(eqx.Module):
 def check_dt(dt, n_steps: int | None):
     """Validate ``dt`` (scalar or per-step ``(n_steps,)``) where it is concrete; returns (dt, n)."""
     dt_arr = jnp.asarray(dt)
+    if n_steps is not None:
+        try:
+            if isinstance(n_steps, bool):
+                raise TypeError
+            n_steps = operator.index(n_steps)  # ints, NumPy ints, concrete integer arrays; not 3.5
+        except TypeError:
+            raise ValueError(f"rollout: n_steps must be an integer; got {n_steps!r}") from None
     if dt_arr.ndim == 0:
         if n_steps is None:
             raise ValueError("rollout: n_steps is required when dt is a scalar")
@@ -289,8 +297,8 @@ def _discrete_adjoint_scan(packed, body, model, carry0, dt_arr, xs_load, n):
             dt_bar_out = jnp.sum(acc[49]).astype(dt_arr.dtype)
         load_bar = None
         if xs_load is not None:
-            wb = jnp.stack(wrench_bar, -1)  # (n, *batch, 6)
-            load_bar = _unbroadcast(wb, jnp.shape(xs_load)).astype(xs_load.dtype)
+            wb = jnp.stack(wrench_bar, -1)  # (n, *batch, 6); each step's load broadcast to (*batch, 6)
+            load_bar = jax.vmap(lambda w: _unbroadcast(w, jnp.shape(xs_load)[1:]))(wb).astype(xs_load.dtype)
         lam = adj.carry_from_array(lam)
         carry0_bar = (jax.tree_util.tree_map(lambda a, s0: _unbroadcast(a, jnp.shape(s0)), lam, state0), None)
         return model_bar, carry0_bar, dt_bar_out, load_bar

@@ -52,7 +52,8 @@ _grad = jax.jit(jax.grad(_loss, argnums=tuple(range(9))), static_argnums=(9, 10)
 _value = jax.jit(_loss, static_argnums=(9, 10))
 
 
-@pytest.mark.parametrize("attitude", ["midpoint", "new"])
+# "new" repeats the check for the seed's attitude update (slow: CI's budget)
+@pytest.mark.parametrize("attitude", ["midpoint", pytest.param("new", marks=pytest.mark.slow)])
 def test_discrete_adjoint_equals_autodiff(attitude):
     args = _args()
     gd = _grad(*args, "discrete", attitude)
@@ -103,7 +104,8 @@ def test_discrete_adjoint_matches_finite_differences_with_failures_and_per_step_
             assert ad == pytest.approx(fd, rel=1e-5, abs=1e-6), (name, ad, fd)
 
 
-def test_discrete_adjoint_shared_body_vmap_and_errors():
+@pytest.mark.slow  # ~40 s of compiles; the ensemble test below covers the batched path in CI
+def test_discrete_adjoint_shared_body_and_vmap():
     J = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
     w0 = jnp.array([[0.01, 2.0, 0.0], [1.0, 0.5, -0.3], [0.0, 0.0, 0.0]])
 
@@ -128,20 +130,6 @@ def test_discrete_adjoint_shared_body_vmap_and_errors():
         np.asarray(per_member(J, w0, "discrete")), np.asarray(per_member(J, w0, None)), rtol=1e-12, atol=1e-15
     )
 
-    body, state = rj.RigidBody(1.0, J), rj.RigidBodyState(angular_velocity=w0[0])
-    for kw, msg in (
-        (dict(adjoint="backsolve"), "adjoint must be"),
-        (dict(adjoint="discrete", save_every=3), "save_every"),
-        (dict(adjoint="discrete", checkpoint_every=3), "checkpoint_every"),
-        (dict(adjoint="discrete", loads=lambda t, s: jnp.zeros(6)), "callable"),
-    ):
-        with pytest.raises(ValueError, match=msg):
-            rj.rollout(rj.midpoint_step, body, state, 0.01, 5, **kw)
-    with pytest.raises(ValueError, match="not rigidjax.midpoint_step"):
-        rj.rollout(lambda *a: rj.midpoint_step(*a), body, state, 0.01, 5, adjoint="discrete")
-    with pytest.raises(TypeError):  # reverse mode only, as for any custom_vjp
-        jax.jvp(lambda w: rj.rollout(rj.midpoint_step, body, rj.RigidBodyState(angular_velocity=w), 0.01, 5, adjoint="discrete").states.angular_velocity,
-                (w0[0],), (w0[0],))
 
 
 def test_ensemble_rollout_discrete_adjoint_and_loads():
@@ -175,3 +163,77 @@ def test_ensemble_rollout_discrete_adjoint_and_loads():
     np.testing.assert_allclose(np.asarray(g1), np.asarray(g2), rtol=1e-12, atol=1e-14)
     # member k is driven by torque 0.1 k about x: its final rate differs from member 0's scaled run
     assert float(jnp.abs(tr1.states.angular_velocity[4, -1, 0] - 1.4 * tr1.states.angular_velocity[0, -1, 0])) > 1e-3
+
+
+def test_failed_member_and_shared_loads_gradients():
+    """Members never affect each other, also in gradients: a member frozen by a NaN wrench
+    leaves every other gradient finite and equal to a run without it (both adjoints); a
+    per-step wrench shared by all members gets the sum of their cotangents."""
+    E, n = 4, 5
+    w0 = jnp.array(np.random.default_rng(0).normal(size=(E, 3)))
+    state = rj.RigidBodyState(angular_velocity=w0, velocity=jnp.ones((E, 3)), position=jnp.zeros((E, 3)),
+                              orientation=jnp.tile(jnp.array([1.0, 0, 0, 0]), (E, 1)), time=jnp.zeros(E))
+    keep = jnp.array([0, 2, 3])
+    W = jnp.zeros((n, E, 6)).at[:, :, 3:].set(0.2).at[2, 1, 0].set(jnp.nan)
+
+    def loss(J, W, adjoint, members):
+        st = rj.rollout(rj.midpoint_step, rj.RigidBody(1.5, J), jax.tree_util.tree_map(lambda a: a[members], state),
+                        0.05, n, W[:, members], adjoint=adjoint).states
+        return jnp.sum(st.angular_velocity[:, jnp.arange(len(members)) if len(members) == 3 else keep] ** 2)
+
+    J = jnp.diag(jnp.array([1.0, 2.0, 2.5]))
+    clean = jax.grad(loss)(J, W, None, keep)
+    for adjoint in (None, "discrete"):
+        g = jax.grad(loss)(J, W, adjoint, jnp.arange(E))
+        np.testing.assert_allclose(np.asarray(g), np.asarray(clean), rtol=1e-12, atol=1e-14)
+
+    shared = jnp.asarray(np.random.default_rng(1).normal(size=(n, 6)))  # (n_steps, 6) for every member
+
+    def f(Ws, adjoint):
+        st = rj.rollout(rj.midpoint_step, rj.RigidBody(1.5, J), state, 0.05, n, Ws, adjoint=adjoint).states
+        return jnp.sum(st.angular_velocity**3) + jnp.sum(st.position[-1] ** 2)
+
+    ga, gd = jax.grad(f)(shared, None), jax.grad(f)(shared, "discrete")
+    assert gd.shape == (n, 6)
+    np.testing.assert_allclose(np.asarray(gd), np.asarray(ga), rtol=1e-11, atol=1e-13)
+
+
+def test_traced_inputs_out_of_range_are_flagged():
+    """Values traced under jit cannot be checked at the boundary: dt <= 0, mass <= 0 and an
+    inertia that is not positive definite give Status.INVALID_INPUT (state unchanged), and a
+    checked rollout raises at run time."""
+    body = rj.RigidBody(1.0, [1.0, 2.0, 2.5])
+    s = rj.RigidBodyState(angular_velocity=jnp.array([0.1, 2.0, 0.0]))
+    run = jax.jit(lambda m, J, dt: rj.rollout(rj.midpoint_step, rj.RigidBody(m, J), s, dt, 3))
+    good = run(1.0, body.inertia, 0.01)
+    assert (np.asarray(good.info.status) == Status.SUCCESS).all()
+    for m, J, dt in ((1.0, body.inertia, -0.01), (-1.0, body.inertia, 0.01), (1.0, jnp.diag(jnp.array([-1.0, 2.0, 2.5])), 0.01)):
+        tr = run(m, J, dt)
+        assert (np.asarray(tr.info.status) == Status.INVALID_INPUT).all()
+        np.testing.assert_array_equal(np.asarray(tr.states.angular_velocity[-1]), np.asarray(s.angular_velocity))
+    with pytest.raises(Exception, match="failed"):
+        jax.jit(lambda dt: rj.rollout(rj.midpoint_step, body, s, dt, 3, checked=True).states.time)(-0.01).block_until_ready()
+    with pytest.raises(ValueError, match="wrench has batch shape"):
+        batched = jax.tree_util.tree_map(lambda a: jnp.stack([a, a]), s)
+        rj.rollout(rj.midpoint_step, body, batched, 0.01, 3, jnp.zeros((3, 3, 6)))
+    with pytest.raises(ValueError, match="n_steps must be an integer"):
+        rj.rollout(rj.midpoint_step, body, s, 0.01, 3.5)
+
+
+def test_discrete_adjoint_unsupported_options_raise():
+    J = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
+    w0 = jnp.array([[0.01, 2.0, 0.0]])
+    body, state = rj.RigidBody(1.0, J), rj.RigidBodyState(angular_velocity=w0[0])
+    for kw, msg in (
+        (dict(adjoint="backsolve"), "adjoint must be"),
+        (dict(adjoint="discrete", save_every=3), "save_every"),
+        (dict(adjoint="discrete", checkpoint_every=3), "checkpoint_every"),
+        (dict(adjoint="discrete", loads=lambda t, s: jnp.zeros(6)), "callable"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            rj.rollout(rj.midpoint_step, body, state, 0.01, 5, **kw)
+    with pytest.raises(ValueError, match="not rigidjax.midpoint_step"):
+        rj.rollout(lambda *a: rj.midpoint_step(*a), body, state, 0.01, 5, adjoint="discrete")
+    with pytest.raises(TypeError):  # reverse mode only, as for any custom_vjp
+        jax.jvp(lambda w: rj.rollout(rj.midpoint_step, body, rj.RigidBodyState(angular_velocity=w), 0.01, 5, adjoint="discrete").states.angular_velocity,
+                (w0[0],), (w0[0],))

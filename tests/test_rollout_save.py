@@ -123,6 +123,7 @@ def test_save_every_edge_cases_and_errors():
             rj.rollout(STEP, body, state, 0.01, 5, save_every=bad)
 
 
+@pytest.mark.slow  # ~30 s of compiles (CI budget); run with python -m pytest -m slow
 def test_save_every_with_checkpoint_gradient_matches_finite_differences():
     """d(final |omega|^2 + x)/d(inertia, resistance) through save_every=4 x checkpoint_every=8,
     against central differences (h = 1e-6: truncation ~h^2, round-off ~1e-16/h ~ 1e-10)."""
