@@ -222,6 +222,7 @@ def carry_to_array(c: MidpointCarry) -> jax.Array:
 
 
 def carry_from_array(a) -> MidpointCarry:
+    """Inverse of :func:`carry_to_array`: a ``(14, …)`` array (any dtype) back to a :class:`MidpointCarry`."""
     return MidpointCarry(a[0], tuple(a[1:4]), tuple(a[4:8]), tuple(a[8:11]), tuple(a[11:14]))
 
 
