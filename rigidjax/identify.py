@@ -7,7 +7,8 @@ Model (body = sensor frame): the torque-free Euler equations with an angular res
 
 simulated with :func:`rigidjax.rollout` of any stepper (default :func:`decoupled_midpoint_step`,
 the seed's midpoint step with its 6x6 system split into closed-form 3x3 blocks: the same states
-as :func:`rigidjax.midpoint_step` to round-off for uncoupled resistance, ~14x faster on CPU)
+as :func:`rigidjax.midpoint_step` to round-off for uncoupled resistance, and under the fits'
+batched forward-mode Jacobian 5-7x faster than it on CPU: warm fits 3-6x, see its docstring)
 over the MEASURED sample intervals ``diff(t)`` (optionally ``substeps`` equal sub-steps each),
 and compared at the measured timestamps. Least squares in the body angular velocity (rad/s).
 
@@ -46,6 +47,10 @@ is still implausible ``"poor_fit"`` (see :func:`fit_inertia`). Standard errors c
 Hessian ``J^T J`` evaluated in the REPORTED (physical, unconstrained) coordinates,
 ``cov = s^2 (J^T J)^{-1}`` with ``s^2 = RSS / (m - p)``, and the delta method for derived
 quantities; they stay finite when an estimate lies on the boundary (thin disk, zero drag).
+They do not include the simulation's own step error, a systematic model error: after the
+fit it is estimated (Richardson, ``substeps`` against ``2 substeps``) and converted into the
+shift it causes in every estimate, in standard errors (:attr:`InertiaFit.step_error`; a
+warning above 1). On noise-level data sampled at 100 Hz one sub-step is not enough.
 They assume white residuals: on real data, where the residual is model error rather than
 noise, the spread over segments is the honest uncertainty.
 
@@ -202,8 +207,14 @@ def decoupled_midpoint_step(
               (\tau - \omega\times I\omega - R_{\omega\omega}\omega),\quad
               v' = v + \Big(\frac{m}{\Delta t} + R_{vv}\Big)^{-1}(f + m g - R_{vv} v),
 
-    solved in closed form (cofactors), which is about 14x faster on CPU than the general 6x6
-    LAPACK solve inside a scan and gives the same states to round-off. The off-diagonal
+    solved in closed form (cofactors); it gives the same states as :func:`rigidjax.midpoint_step`
+    to round-off. Why it is still the fits' default (measured 2026-11-30, 2 shared CPU cores,
+    float64, best of 3): the fits differentiate ``jax.vmap(jax.jacfwd(rollout))`` (15 tangents x
+    32 segments x 127 steps), where this step takes 16-19 ms against ``midpoint_step``'s
+    102-135 ms (a joint demo fit: 0.6 s warm against 3.7 s; 12 real flips per segment: 0.8 s
+    against 2.3 s). ``midpoint_step`` differentiates its array-form reference step, whose
+    matrix products (broadcast-multiply-sum) and full 6x6 twist/attitude tangents cost several
+    times more under two batch axes; its single-trajectory forward pass is within 1.5x. The off-diagonal
     blocks ``R[:3, 3:]``, ``R[3:, :3]`` are IGNORED: use :func:`rigidjax.midpoint_step` for
     coupled resistance. Same signature, options, status and failure semantics as
     :func:`rigidjax.midpoint_step` (a non-finite result returns the input state with
@@ -968,6 +979,59 @@ def _predict_jit(stepper, substeps):
     return jax.jit(lambda inertia, drag, w0, dt: _simulate(inertia, drag, w0, dt, stepper, substeps))
 
 
+#: Warn when the simulation's step error shifts an estimate by more than this many standard errors.
+_STEP_SHIFT_WARN = 1.0
+
+
+def _step_error(spec: _Spec, segs, data, problems, x_phys, phy: "_Problems", chunk: int):
+    """Step error of the fitted model and the shift it causes in the estimates (per problem).
+
+    Richardson estimate: the rates simulated with ``k`` and ``2k`` sub-steps differ by
+    ``(1 - 2^-p)`` times the error of the ``k``-step run (``p = 2``: the midpoint step's rates
+    are second order), so ``e = (w_k - w_2k) / (1 - 1/4)`` in rad/s at every sample. To first
+    order the least-squares estimate moves by ``-(J^T J)^{-1} J^T e`` (``e`` acts like a
+    systematic error in the data); ``J^T e`` comes from the fit's own evaluator with the data
+    replaced by ``w_k + b - e``. Returns per problem ``(g = J^T e (P,), rss_e (S_p,))``.
+    """
+    k = spec.substeps
+    n_pad = data[0].shape[1]
+    dt2 = _pad(segs, 2 * k, n_pad, data[0].dtype)[2]
+    fine, coarse = _predict_jit(spec.stepper, 2 * k), _predict_jit(spec.stepper, k)
+    fake = np.array(data[0], dtype=float)
+    off_w = phy.n_sh + phy.G * phy.n_b
+    for j, (ids, grp) in enumerate(problems):
+        inertia, drag = _phys_model(_unflat_phys(jnp.asarray(x_phys[j, : phy.n_sh], data[0].dtype), spec), spec)
+        for kk, i in enumerate(ids):
+            w0 = jnp.asarray(x_phys[j, off_w + 3 * kk : off_w + 3 * kk + 3], data[0].dtype)
+            w_k = np.asarray(coarse(inertia, drag, w0, jnp.asarray(data[2][i]))[0], float)
+            w_2k = np.asarray(fine(inertia, drag, w0, jnp.asarray(dt2[i]))[0], float)
+            b = np.zeros(3)
+            if spec.bias:
+                ob = phy.n_sh + phy.n_b * grp[kk]
+                b = x_phys[j, ob : ob + 3]
+            fake[i] = w_k + b - (w_k - w_2k) / 0.75
+    prob = _Problems(spec, (fake.astype(data[0].dtype), data[1], data[2]), phy.seg_ids, phy.groups, latent=False, chunk=chunk)
+    _, _, g, _, rss = prob.evaluate(x_phys, np.arange(len(problems)))
+    return g, rss
+
+
+def _shift_in_se(theta, shift, spec: _Spec, scale, se: dict, se_all, bias_idx) -> dict:
+    """Shift ``shift`` (reported coordinates, (P,)) of every reported quantity with a finite,
+    non-zero standard error, in units of it: shared quantities by the delta method (the
+    Jacobian of :func:`_derived`), bias components ``bias_idx`` [(name, index)] directly."""
+    _, Jd = _derived_jit(spec, scale)(jnp.asarray(theta, jnp.result_type(float)))
+    out = {}
+    for k in _name_order(spec, scale):
+        e = se.get(k)
+        if e is not None and math.isfinite(e) and e > 0:
+            out[k] = float(np.asarray(Jd[k], float) @ shift[: len(theta)]) / e
+    for name, i in bias_idx:
+        e = float(se_all[i])
+        if math.isfinite(e) and e > 0:
+            out[name] = float(shift[i]) / e
+    return out
+
+
 @dataclasses.dataclass
 class InertiaFit:
     """Result of :func:`fit_inertia` (NumPy values; JSON-ready via :meth:`to_dict`).
@@ -995,6 +1059,11 @@ class InertiaFit:
             converged (segments that did not converge, or
             ``"k of n segment(s) poor_fit (local minimum?), excluded from the medians"``).
         truth: the true values where known (synthetic data), else ``None``.
+        step_error: the simulation's own step error at the fitted model (see :func:`fit_inertia`):
+            ``substeps``, ``rms`` (rad/s over all samples), ``shift_se`` (name -> first-order shift
+            of that estimate caused by the step error, in its standard errors; per-segment mode:
+            the largest over converged segments) and ``max_shift_se``. Per segment also
+            ``step_error_rms`` and (per-segment mode) ``step_shift_se`` in :attr:`segments`.
     """
 
     mode: str
@@ -1006,6 +1075,7 @@ class InertiaFit:
     rms: float
     status: str
     truth: dict | None = None
+    step_error: dict | None = None
     _model: dict = dataclasses.field(default=None, repr=False)
     _data: list = dataclasses.field(default=None, repr=False)
 
@@ -1047,6 +1117,7 @@ class InertiaFit:
                 "mode": self.mode, "options": self.options, "status": self.status, "rms": self.rms,
                 "estimates": self.estimates, "uncertainties": self.uncertainties,
                 "combined": self.combined, "segments": self.segments, "truth": self.truth,
+                "step_error": self.step_error,
             }
         )
 
@@ -1105,6 +1176,13 @@ class InertiaFit:
                     lines.append(f"  {'bias (rad/s)':<18} [{b}]" + (f"  ({s['source']})" if len(self.segments) > 1 and len({x['source'] for x in self.segments}) > 1 else ""))
         med = float(np.median([s["rms"] for s in self.segments])) if self.segments else float("nan")
         lines.append(f"residual RMS {self.rms:.4g} rad/s (median over segments {med:.4g}); status: {self.status}")
+        if self.step_error:
+            se_ = self.step_error
+            worst = max(se_["shift_se"], key=lambda k: abs(se_["shift_se"][k]), default=None)
+            lines.append(
+                f"step error of the simulation (substeps {se_['substeps']}): RMS {se_['rms']:.2g} rad/s; shifts the "
+                f"estimates by up to {se_['max_shift_se']:.2f} standard errors" + (f" ({worst})" if worst else "")
+            )
         if self.truth:
             lines.append("truth (synthetic) beside the estimate:")
             for k, v in self.truth.items():
@@ -1183,9 +1261,14 @@ def fit_inertia(
             ``("trace", ...)`` (kg m^2); without it only ratios are reported.
         stepper: any rigidjax stepper ``step(body, state, wrench, dt) -> (state, info)``
             (bind options with ``functools.partial``); default :func:`decoupled_midpoint_step`
-            (identical to :func:`rigidjax.midpoint_step` here, as the drag does not couple
-            translation and rotation, and ~14x faster).
-        substeps: equal sub-steps per measured sample interval (accuracy of the model).
+            (identical to :func:`rigidjax.midpoint_step` here to round-off, as the drag does not
+            couple translation and rotation, and 3-6x faster for these fits: see its docstring).
+        substeps: equal sub-steps per measured sample interval (accuracy of the model). The
+            step error is estimated after the fit (Richardson: ``substeps`` vs ``2 substeps``),
+            converted into the shift it causes in every estimate (in standard errors, reported
+            in :attr:`InertiaFit.step_error`), and a shift above 1 standard error warns: on
+            noise-level synthetic flips at 100 Hz (``|omega| dt ~ 0.1``) ``substeps=1`` shifts the
+            ratios and the gyroscope bias by 1-4 standard errors, ``substeps=4`` by < 0.3.
         starts: multi-start count (vmapped), best kept.
         seed: random starts.
         max_steps: Levenberg-Marquardt iterations after the multi-start phase.
@@ -1228,7 +1311,8 @@ def fit_inertia(
     Warns:
         UserWarning: a fit that did not converge (its status says why), a segment with status
             ``"poor_fit"`` (see above), singular normal equations (a spin about one principal
-            axis determines little: infinite errors, status :data:`UNIDENTIFIABLE`), and a fit in
+            axis determines little: infinite errors, status :data:`UNIDENTIFIABLE`), a step error
+            that shifts an estimate by more than 1 standard error (raise ``substeps``), and a fit in
             float32 (without ``jax_enable_x64``: it runs, with tolerances for float32, but its
             round-off can stall the optimiser and degrades the standard errors).
     """
@@ -1346,6 +1430,8 @@ def fit_inertia(
         "stepper": getattr(stepper, "__name__", repr(stepper)), "scale": list(scale) if scale else None,
         "joint": bool(joint),
     }
+    # the simulation's own step error at the fitted model (Richardson) and what it does to the estimates
+    g_e, rss_e = _step_error(spec, segs, data, problems, x_phys, phy, chunk)
     rows = []
     fits = []
     for j, (ids, grp) in enumerate(problems):
@@ -1360,11 +1446,24 @@ def fit_inertia(
         se_all = np.sqrt(np.maximum(np.diag(cov), 0)) if np.all(np.isfinite(cov)) else np.full(phy.P, np.inf)
         inertia_m, drag_m = _phys_model(_unflat_phys(jnp.asarray(x_phys[j, : phy.n_sh]), spec), spec)
         off_w = phy.n_sh + phy.G * phy.n_b
-        fits.append({"estimates": est, "se": se, "status": status, "sigma": math.sqrt(s2) if s2 == s2 else None})
+        shift_se = {}
+        if np.all(np.isfinite(cov)) and s2 > 0 and np.all(np.isfinite(g_e[j])):
+            bias_idx = []
+            for g_ in dict.fromkeys(grp) if spec.bias else ():
+                src = f" ({segs[ids[list(grp).index(g_)]].source})" if len(set(grp)) > 1 else ""
+                bias_idx += [(f"bias_{c}{src}", phy.n_sh + phy.n_b * g_ + a) for a, c in enumerate("xyz")]
+            shift_se = _shift_in_se(x_phys[j, : phy.n_sh], -(cov @ g_e[j]) / s2, spec, scale, se, se_all, bias_idx)
+        fits.append({
+            "estimates": est, "se": se, "status": status, "sigma": math.sqrt(s2) if s2 == s2 else None,
+            "shift_se": shift_se,
+        })
         for k, i in enumerate(ids):
             s = segs[i]
             row = info_row(s)
             row["rms"] = float(np.sqrt(rss_p[j, k] / (3 * s.n)))
+            row["step_error_rms"] = float(np.sqrt(rss_e[j, k] / (3 * s.n)))
+            if not joint:
+                row["step_shift_se"] = shift_se
             row["status"] = status
             row["iterations"] = int(iters[j])
             w0 = x_phys[j, off_w + 3 * k : off_w + 3 * k + 3]
@@ -1429,6 +1528,19 @@ def fit_inertia(
             mode="per-segment", options=options, estimates=estimates, uncertainties=uncertainties,
             segments=rows, combined=combined, rms=rms, status=status,
         )
+    # step error: joint / single segment its own shifts; per segment the largest over converged ones
+    shifts = [fits[0]["shift_se"]] if joint or len(fits) == 1 else [f["shift_se"] for f in fits if f["status"] == "converged"]
+    worst = {}
+    for d in shifts:
+        for k_, v_ in d.items():
+            if abs(v_) > abs(worst.get(k_, 0.0)):
+                worst[k_] = v_
+    result.step_error = {
+        "substeps": spec.substeps,
+        "rms": float(np.sqrt(np.sum(rss_e) / m_tot)),
+        "shift_se": worst,
+        "max_shift_se": max((abs(v_) for v_ in worst.values()), default=0.0),
+    }
     result._model = {k: (np.stack(v) if k != "stepper" else v) for k, v in model.items()}
     result._data = segs
     unid = [r_["name"] for r_ in result.segments if r_["status"] == UNIDENTIFIABLE]
@@ -1448,6 +1560,16 @@ def fit_inertia(
             "fit_inertia: the fit did not converge for " + "; ".join(dict.fromkeys(bad)) +
             " (max_steps: raise max_steps; stalled: no descent direction found; nonfinite: the simulation "
             "failed, check the data and substeps)",
+            stacklevel=2,
+        )
+    se_ = result.step_error
+    if se_["max_shift_se"] > _STEP_SHIFT_WARN:
+        worst_name = max(se_["shift_se"], key=lambda k_: abs(se_["shift_se"][k_]))
+        warnings.warn(
+            f"fit_inertia: the simulation's step error (substeps={spec.substeps}: RMS {se_['rms']:.2g} rad/s at the "
+            f"samples, Richardson estimate) shifts the estimates by up to {se_['max_shift_se']:.1f} standard errors "
+            f"({worst_name}), which the reported errors do not include: raise substeps (each doubling cuts the "
+            "shift about 4x)",
             stacklevel=2,
         )
     poor = [f"{r_['name']} (rms {r_['rms']:.3g} rad/s)" for r_ in result.segments if r_["status"] == POOR_FIT]

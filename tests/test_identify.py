@@ -55,7 +55,11 @@ def racquet_full(racquet):
     truth, segs = racquet
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a converged fit warns about nothing
-        fit = fit_inertia(segs, tensor=True, drag="isotropic", bias=True, joint=True, starts=3, scale=("Iy", truth["Iy"]))
+        # 4 sub-steps as the demo (rigidjax.cli_fit.DEMO_SUBSTEPS): with 1 the step error shifts
+        # bias_y by ~3 standard errors here (and warns); shared compilation with the CLI tests
+        fit = fit_inertia(
+            segs, tensor=True, drag="isotropic", bias=True, joint=True, starts=3, scale=("Iy", truth["Iy"]), substeps=4
+        )
     return truth, fit
 
 
@@ -74,6 +78,9 @@ def test_recovers_non_diagonal_tensor_drag_and_bias(racquet_full):
     bias = np.array(fit.segments[0]["bias"])
     bias_se = np.array(fit.segments[0]["bias_se"])
     assert np.all(np.abs(bias - truth["bias"]) < 4 * bias_se)
+    # the step error of 4 sub-steps: far below the noise (0.01) and its shift below 0.3 standard errors
+    assert fit.step_error["substeps"] == 4 and fit.step_error["rms"] < 1e-3
+    assert fit.step_error["max_shift_se"] < 0.3 and "bias_y" in fit.step_error["shift_se"]
     # physical by construction: principal moments positive, triangle inequality
     moments = np.linalg.eigvalsh(fit._model["inertia"][0])
     assert moments.min() > 0 and moments.max() <= moments.sum() - moments.max() + 1e-12
@@ -144,6 +151,28 @@ def test_substeps_converge_at_second_order():
     # observed order log2(e_k / e_2k) = 2 within 0.1 (asymptotic regime at |omega| dt <= 0.05)
     assert np.log2(errs[0] / errs[1]) == pytest.approx(2, abs=0.1)
     assert np.log2(errs[1] / errs[2]) == pytest.approx(2, abs=0.1)
+
+
+@pytest.mark.slow
+def test_step_error_shift_predicts_the_refit(tmp_path):
+    """The reported step-error shift (Richardson + first-order least squares) against an
+    independent truth: how far the estimates really move when the fit is redone with a finer
+    step. QA case: the demo recording (seed 0), whose y gyro bias was 3 standard errors off with
+    1 sub-step. Run with ``pytest -m slow tests/test_identify.py`` (two compilations, ~1 min)."""
+    truth = synthesize_recording(tmp_path, n_tosses=5, seed=0)
+    segs = load_phyphox(truth["path"])
+    kw = dict(tensor=True, drag="isotropic", bias=True, joint=True, starts=2, scale=("Iy", truth["Iy"]))
+    with pytest.warns(UserWarning, match="step error"):
+        coarse = fit_inertia(segs, substeps=1, **kw)
+    fine = fit_inertia(segs, substeps=4, **kw)
+    assert coarse.step_error["max_shift_se"] > 2 and fine.step_error["max_shift_se"] < 0.3
+    moved = {k: (coarse.estimates[k] - fine.estimates[k]) / coarse.uncertainties[k] for k in ("Ix/Iy", "Iz/Iy", "Ixy/Iy", "Iyz/Iy", "drag/Iy")}
+    moved["bias_y"] = (coarse.segments[0]["bias"][1] - fine.segments[0]["bias"][1]) / coarse.segments[0]["bias_se"][1]
+    for key, m in moved.items():
+        predicted = coarse.step_error["shift_se"][key] - fine.step_error["shift_se"][key]
+        # first order in the shift, and Richardson with the asymptotic order 2 (the measured
+        # error ratio per halving is ~5, not 4, at |omega| dt ~ 0.1): 25 % + 0.1 standard error
+        assert m == pytest.approx(predicted, abs=0.25 * abs(predicted) + 0.1), (key, m, predicted)
 
 
 def _hat(v):
