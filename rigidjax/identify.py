@@ -983,34 +983,61 @@ def _predict_jit(stepper, substeps):
 _STEP_SHIFT_WARN = 1.0
 
 
+@functools.lru_cache(maxsize=8)
+def _step_error_jit(tensor: bool, substeps: int, stepper: Callable):
+    """Jitted, vmapped over segments: ``(m (S, nm), dt_k (S, (N-1) k), dt_2k (S, (N-1) 2k)) ->
+    (w_k (S, N, 3), e (S, N, 3))``, ``m = [inertia components | drag (3) | omega0 (3)]``: the
+    rates simulated with ``k`` sub-steps and their Richardson step-error estimate
+    ``(w_k - w_2k) / (1 - 2^-2)`` (the midpoint step's rates are second order). One
+    compilation for both rollouts."""
+    nI = 6 if tensor else 3
+
+    def one(m, dt_k, dt_2k):
+        inertia = _icomp_to_tensor(m[:nI], tensor)
+        w_k, _ = _simulate(inertia, m[nI : nI + 3], m[nI + 3 : nI + 6], dt_k, stepper, substeps)
+        w_2k, _ = _simulate(inertia, m[nI : nI + 3], m[nI + 3 : nI + 6], dt_2k, stepper, 2 * substeps)
+        return w_k, (w_k - w_2k) / 0.75
+
+    return jax.jit(jax.vmap(one))
+
+
 def _step_error(spec: _Spec, segs, data, problems, x_phys, phy: "_Problems", chunk: int):
     """Step error of the fitted model and the shift it causes in the estimates (per problem).
 
-    Richardson estimate: the rates simulated with ``k`` and ``2k`` sub-steps differ by
-    ``(1 - 2^-p)`` times the error of the ``k``-step run (``p = 2``: the midpoint step's rates
-    are second order), so ``e = (w_k - w_2k) / (1 - 1/4)`` in rad/s at every sample. To first
-    order the least-squares estimate moves by ``-(J^T J)^{-1} J^T e`` (``e`` acts like a
-    systematic error in the data); ``J^T e`` comes from the fit's own evaluator with the data
-    replaced by ``w_k + b - e``. Returns per problem ``(g = J^T e (P,), rss_e (S_p,))``.
+    Richardson estimate ``e`` (rad/s at every sample, :func:`_step_error_jit`). To first order
+    the least-squares estimate moves by ``-(J^T J)^{-1} J^T e`` (``e`` acts like a systematic
+    error in the data); ``J^T e`` comes from the fit's own evaluator with the data replaced by
+    ``w_k + b - e``. Returns per problem ``(g = J^T e (P,), rss_e (S_p,))``.
     """
     k = spec.substeps
+    dtype = data[0].dtype
     n_pad = data[0].shape[1]
-    dt2 = _pad(segs, 2 * k, n_pad, data[0].dtype)[2]
-    fine, coarse = _predict_jit(spec.stepper, 2 * k), _predict_jit(spec.stepper, k)
-    fake = np.array(data[0], dtype=float)
+    dt2 = _pad(segs, 2 * k, n_pad, dtype)[2]
+    na = x_phys.shape[0]
+    bucket = max(64, 1 << (na - 1).bit_length())  # the shared-map batch sizes the fit compiled
+    sh = x_phys[:, : phy.n_sh]
+    vals, _ = phy.map(jnp.asarray(np.concatenate([sh, np.repeat(sh[-1:], bucket - na, 0)]), dtype))
+    vals = np.asarray(vals, float)[:na]
+    if spec.drag is None:
+        vals = np.concatenate([vals, np.zeros((na, 3))], 1)
     off_w = phy.n_sh + phy.G * phy.n_b
+    m, seg, bias = [], [], []
     for j, (ids, grp) in enumerate(problems):
-        inertia, drag = _phys_model(_unflat_phys(jnp.asarray(x_phys[j, : phy.n_sh], data[0].dtype), spec), spec)
         for kk, i in enumerate(ids):
-            w0 = jnp.asarray(x_phys[j, off_w + 3 * kk : off_w + 3 * kk + 3], data[0].dtype)
-            w_k = np.asarray(coarse(inertia, drag, w0, jnp.asarray(data[2][i]))[0], float)
-            w_2k = np.asarray(fine(inertia, drag, w0, jnp.asarray(dt2[i]))[0], float)
-            b = np.zeros(3)
-            if spec.bias:
-                ob = phy.n_sh + phy.n_b * grp[kk]
-                b = x_phys[j, ob : ob + 3]
-            fake[i] = w_k + b - (w_k - w_2k) / 0.75
-    prob = _Problems(spec, (fake.astype(data[0].dtype), data[1], data[2]), phy.seg_ids, phy.groups, latent=False, chunk=chunk)
+            m.append(np.concatenate([vals[j], x_phys[j, off_w + 3 * kk : off_w + 3 * kk + 3]]))
+            seg.append(i)
+            ob = phy.n_sh + phy.n_b * grp[kk]
+            bias.append(x_phys[j, ob : ob + 3] if spec.bias else np.zeros(3))
+    n = len(seg)
+    nb = max(8, 1 << (n - 1).bit_length())  # few batch sizes: few compilations
+    rows = np.concatenate([np.arange(n), np.full(nb - n, n - 1)])
+    seg = np.asarray(seg)
+    w_k, e = _step_error_jit(spec.tensor, k, spec.stepper)(
+        jnp.asarray(np.stack(m)[rows], dtype), jnp.asarray(data[2][seg[rows]]), jnp.asarray(dt2[seg[rows]])
+    )
+    fake = np.array(data[0], dtype=float)
+    fake[seg] = np.asarray(w_k, float)[:n] + np.stack(bias)[:, None, :] - np.asarray(e, float)[:n]
+    prob = _Problems(spec, (fake.astype(dtype), data[1], data[2]), phy.seg_ids, phy.groups, latent=False, chunk=chunk)
     _, _, g, _, rss = prob.evaluate(x_phys, np.arange(len(problems)))
     return g, rss
 
