@@ -20,3 +20,56 @@ def where_tree(pred: jax.Array, new, old):
 def is_concrete(x) -> bool:
     """True when ``x`` is a concrete value (not a tracer inside jit/grad/vmap)."""
     return not isinstance(x, jax.core.Tracer)
+
+
+#: Largest number of arrays :func:`materialize` computes in one loop (see there).
+MATERIALIZE_MAX = 32
+
+
+@jax.custom_jvp
+def materialize(*xs):
+    """Identity on arrays of one shape, computed as ONE multi-output XLA loop.
+
+    Why: XLA:CPU fuses elementwise chains into every consumer, so a step whose outputs share
+    intermediates (the Schur complement, the rotation factors, the finiteness flag) is
+    recomputed once per output component (~7x the work, measured). A variadic ``reduce``
+    over a padded axis of length 2 (``x + (-0.0)``, exact for every value incl. ``-0.0``,
+    inf, NaN) is emitted as a single loop with one output per array, sharing every
+    intermediate. ``optimization_barrier`` does not help: XLA:CPU expands it before fusion.
+    Tangents pass straight through (custom JVP), so ``grad`` and ``vmap`` are unaffected.
+
+    At most :data:`MATERIALIZE_MAX` arrays go into one loop (more are split into several
+    loops): LLVM stops vectorising such a loop above 32 outputs (measured, float64 AVX2:
+    2.7 ns per output element at 32, 9-18 ns at 40-90, i.e. scalar code).
+    """
+    shape = jnp.broadcast_shapes(*(jnp.shape(x) for x in xs))
+    xs = [jnp.broadcast_to(x, shape) for x in xs]
+    if len(xs) > MATERIALIZE_MAX:
+        k = -(-len(xs) // -(-len(xs) // MATERIALIZE_MAX))  # equal chunks of <= MATERIALIZE_MAX
+        return sum((_materialize_one(xs[i : i + k], shape) for i in range(0, len(xs), k)), ())
+    return _materialize_one(xs, shape)
+
+
+def _materialize_one(xs, shape):
+    nz = [jnp.full((), -0.0, x.dtype) for x in xs]
+    ops = [jnp.stack([x, jnp.broadcast_to(z, shape)], -1) for x, z in zip(xs, nz)]
+    return tuple(
+        jax.lax.reduce(ops, nz, lambda a, b: tuple(u + v for u, v in zip(a, b)), (len(shape),))
+    )
+
+
+@materialize.defjvp
+def materialize_jvp(primals, tangents):
+    shape = jnp.broadcast_shapes(*(jnp.shape(x) for x in primals))
+    return materialize(*primals), tuple(jnp.broadcast_to(t, shape) for t in tangents)
+
+
+def materialize_chunks(*xs, size: int):
+    """:func:`materialize` in loops of at most ``size`` arrays each.
+
+    For wide outputs computed from many inputs (e.g. every entry of a Newton matrix): such
+    loops stay vectorised only when small (measured on the Euler-parameter Newton matrix,
+    90 entries: 8 per loop ran 2.2x faster than 32 per loop, which LLVM left scalar), at
+    the price of recomputing shared intermediates once per loop.
+    """
+    return sum((materialize(*xs[i : i + size]) for i in range(0, len(xs), size)), ())

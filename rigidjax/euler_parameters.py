@@ -65,6 +65,7 @@ Output variables with the seed's names are in :func:`output`.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Literal
 
 import equinox as eqx
@@ -73,10 +74,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import so3
-from ._util import is_concrete, where_tree
+from ._util import is_concrete, materialize_chunks, where_tree
 from .body import RigidBody
 from .info import Status, StepInfo, check, make_info
-from .linalg import solve_small, solve_small_pivots
+from .linalg import solve_components, solve_small, solve_small_pivots
 from .linalg import singular as linalg_singular
 
 __all__ = [
@@ -1046,3 +1047,336 @@ def _bind(f, **kw):
     import functools
 
     return functools.partial(f, **kw)
+
+
+# ----------------------------------------------------------------------------- packed form
+# rollout's fast path for models of free bodies (no constraints but the Euler-parameter one):
+# the same step as ep_step, iterate for iterate, with every coordinate its own array over the
+# bodies/ensemble (structure of arrays) and the Newton matrix assembled entry by entry.
+
+
+class EPCarry(eqx.Module):
+    """:class:`EPState` split into per-coordinate arrays (structure of arrays).
+
+    The form in which :func:`rigidjax.rollout` carries an Euler-parameter rollout of free
+    bodies: ``coordinates``, ``velocities``, ``accelerations`` and
+    ``algorithmic_accelerations`` are tuples of 7 arrays of shape ``(..., nb)``,
+    ``multipliers`` one array ``(..., nb)``; for one body (``nb = 1``) the body axis is
+    dropped, so an ensemble's components are flat ``(N,)`` arrays (XLA:CPU vectorises the
+    innermost axis: a trailing axis of length 1 left every loop scalar). Internal; see
+    :func:`packed_form`.
+    """
+
+    time: jax.Array
+    coordinates: tuple
+    velocities: tuple
+    accelerations: tuple
+    algorithmic_accelerations: tuple
+    multipliers: jax.Array
+
+
+def _split7(a):
+    a = jnp.asarray(a)
+    if a.shape[-2] == 1:
+        return tuple(a[..., 0, i] for i in range(7))
+    return tuple(a[..., i] for i in range(7))
+
+
+def _pack_ep(state: EPState) -> EPCarry:
+    lam = jnp.asarray(state.multipliers)
+    return EPCarry(
+        time=jnp.asarray(state.time),
+        coordinates=_split7(state.coordinates),
+        velocities=_split7(state.velocities),
+        accelerations=_split7(state.accelerations),
+        algorithmic_accelerations=_split7(state.algorithmic_accelerations),
+        multipliers=lam[..., 0] if state.coordinates.shape[-2] == 1 else lam,
+    )
+
+
+def _unpack_ep(carry: EPCarry, like: EPState) -> EPState:
+    one = like.coordinates.shape[-2] == 1
+
+    def stack(c):
+        a = jnp.stack(c, -1)
+        return a[..., None, :] if one else a
+
+    return EPState(
+        time=carry.time,
+        coordinates=stack(carry.coordinates),
+        velocities=stack(carry.velocities),
+        accelerations=stack(carry.accelerations),
+        algorithmic_accelerations=stack(carry.algorithmic_accelerations),
+        multipliers=carry.multipliers[..., None] if one else carry.multipliers,
+    )
+
+
+def _gb(th, x):
+    """``G_body(theta) x`` (3 components) for 4-component ``x``."""
+    e0, e1, e2, e3 = th
+    x0, x1, x2, x3 = x
+    return (
+        2 * (-x0 * e1 + e0 * x1 - (e2 * x3 - e3 * x2)),
+        2 * (-x0 * e2 + e0 * x2 - (e3 * x1 - e1 * x3)),
+        2 * (-x0 * e3 + e0 * x3 - (e1 * x2 - e2 * x1)),
+    )
+
+
+def _gt(th, y, sign):
+    """``G_body(theta)^T y`` (``sign = 1``) or ``G_world(theta)^T y`` (``sign = -1``), 4 components."""
+    e0, e1, e2, e3 = th
+    y0, y1, y2 = y
+    return (
+        -2 * (e1 * y0 + e2 * y1 + e3 * y2),
+        2 * (e0 * y0 + sign * (e2 * y2 - e3 * y1)),
+        2 * (e0 * y1 + sign * (e3 * y0 - e1 * y2)),
+        2 * (e0 * y2 + sign * (e1 * y1 - e2 * y0)),
+    )
+
+
+def _mv3(A, x):
+    return tuple(A[i][0] * x[0] + A[i][1] * x[1] + A[i][2] * x[2] for i in range(3))
+
+
+def _cross(a, b):
+    return (a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0])
+
+
+def _packed_ep_step(
+    model: EPModel, carry: EPCarry, wrench, dt, active, *, scheme, torque_frame, rtol, atol,
+    max_iterations, max_rotation, stabilized,
+):
+    """:func:`ep_step` on an :class:`EPCarry` of free bodies; members where ``active`` is False
+    keep their input state. Returns ``(carry, info)``."""
+    dtype = carry.coordinates[0].dtype
+    rtol = _default_tol(dtype) if rtol is None else float(rtol)
+    atol = _default_tol(dtype) if atol is None else float(atol)
+    eps = float(np.finfo(dtype).eps)
+    h = jnp.asarray(dt, dtype)
+    am, af, beta, gamma = scheme.alpha_m, scheme.alpha_f, scheme.beta, scheme.gamma
+    beta_p = beta * (1 - af) / (1 - am)
+    gamma_p = gamma * (1 - af) / (1 - am)
+    position = model.euler_constraint == "position"
+    with_mu = stabilized and position
+    nb = model.n_bodies
+    n_unknowns = 9 if with_mu else 8
+
+    one = nb == 1  # components carry no body axis (EPCarry)
+    b_ = (lambda a: a[0]) if one else (lambda a: a)  # a model array's per-body entries
+    bmax = (lambda a: a) if one else (lambda a: jnp.max(a, -1))  # max over the bodies
+    bexp = (lambda a: a) if one else (lambda a: a[..., None])  # per-system -> per-body
+
+    body = model.body
+    m = b_(body.mass)
+    J = tuple(tuple(b_(body.inertia[:, i, j]) for j in range(3)) for i in range(3))
+    Rm = tuple(tuple(b_(body.resistance[:, i, j]) for j in range(6)) for i in range(6))
+    g = tuple(b_(body.gravity[:, i]) for i in range(3))
+    ref = tuple(b_(model.reference[:, i]) for i in range(7))
+    W = _wrench_array(model, wrench, dtype)
+    Wc = tuple(b_(W[..., i]) if one else W[..., i] for i in range(6))
+
+    q0, v0, qtt0, a0 = carry.coordinates, carry.velocities, carry.accelerations, carry.algorithmic_accelerations
+    lam0 = carry.multipliers
+    c_a = (1 - af) / (1 - am)
+    c_q, c_v = h * h * beta * c_a, h * gamma * c_a
+    base = tuple((af * qtt0[k] - am * a0[k]) / (1 - am) for k in range(7))
+    q_pred = tuple(q0[k] + h * v0[k] + h * h * ((0.5 - beta) * a0[k] + beta * base[k]) for k in range(7))
+    v_pred = tuple(v0[k] + h * ((1 - gamma) * a0[k] + gamma * base[k]) for k in range(7))
+    k_mu = 2 * beta_p * h * h  # theta = (1 + k_mu mu) theta_hat: the GGL correction C_p^T mu
+    s_pos, s_vel = 1 / (beta_p * h * h), 1 / (gamma_p * h)
+
+    def configuration(z):
+        """Euler parameters, their rates and the translational velocity at the iterate ``z``."""
+        qtt, mu = z[:7], (z[8] if with_mu else None)
+        th_hat = tuple(ref[3 + j] + q_pred[3 + j] + c_q * qtt[3 + j] for j in range(4))
+        th = th_hat if mu is None else tuple((1 + k_mu * mu) * t for t in th_hat)
+        tht = tuple(v_pred[3 + j] + c_v * qtt[3 + j] for j in range(4))
+        vp = tuple(v_pred[i] + c_v * qtt[i] for i in range(3))
+        return th_hat, th, tht, vp
+
+    def residual(th, tht, thtt, vp, qttp, lam):
+        """The rows of ep_step's residual for one body (dynamics, then the scaled constraints)."""
+        w = _gb(th, tht)
+        w_t = _gb(th, thtt)
+        tw = (*vp, *w)
+        Rt = tuple(sum(Rm[i][j] * tw[j] for j in range(6)) for i in range(6))
+        lin = tuple(m * (qttp[i] - g[i]) - Wc[i] + Rt[i] for i in range(3))
+        Iw, Iw_t = _mv3(J, w), _mv3(J, w_t)
+        gyro = _cross(w, Iw)
+        if torque_frame == "body":
+            rot = _gt(th, tuple(Iw_t[i] + Rt[3 + i] - Wc[3 + i] + gyro[i] for i in range(3)), 1)
+        else:
+            rot = _gt(th, tuple(Iw_t[i] + Rt[3 + i] + gyro[i] for i in range(3)), 1)
+            rot = tuple(r - t for r, t in zip(rot, _gt(th, Wc[3:], -1)))
+        rot = tuple(rot[j] - 2 * th[j] * lam for j in range(4))
+        c_p = (th[0] * th[0] + th[1] * th[1] + th[2] * th[2] + th[3] * th[3] - 1) * s_pos
+        c_v_row = 2 * (th[0] * tht[0] + th[1] * tht[1] + th[2] * tht[2] + th[3] * tht[3]) * s_vel
+        if stabilized:
+            cons = (c_p, c_v_row) if position else (c_v_row,)
+        else:
+            cons = (c_p,) if position else (c_v_row,)
+        return (*lin, *rot, *cons)
+
+    def full(z):
+        _, th, tht, vp = configuration(z)
+        return residual(th, tht, z[3:7], vp, z[:3], z[7])
+
+    def newton_matrix(z):
+        """``F(z)`` and ``dF/dz`` entry by entry: forward derivatives along each unknown,
+        through only the quantities it moves (so JAX traces no zero tangents)."""
+        th_hat, th, tht, vp = configuration(z)
+        args = [list(th), list(tht), list(z[3:7]), list(vp), list(z[:3]), z[7]]
+        F = residual(th, tht, z[3:7], vp, z[:3], z[7])
+        s = 1 if not with_mu else (1 + k_mu * z[8])
+
+        def column(slots, tangents):
+            def f(*vals):
+                a = [list(x) if isinstance(x, list) else x for x in args]
+                for (grp, idx), v in zip(slots, vals):
+                    a[grp][idx] = v
+                return residual(*a)
+
+            primals = tuple(args[grp][idx] for grp, idx in slots)
+            tans = tuple(jnp.broadcast_to(jnp.asarray(t, dtype), jnp.shape(p)) for t, p in zip(tangents, primals))
+            return jax.jvp(f, primals, tans)[1]
+
+        cols = [column([(3, i), (4, i)], [c_v, 1.0]) for i in range(3)]
+        cols += [column([(0, j), (1, j), (2, j)], [s * c_q, c_v, 1.0]) for j in range(4)]
+        zero = jnp.zeros_like(F[0])
+        lam_col = (zero,) * 3 + tuple(-2 * t for t in th) + (zero,) * (len(F) - 7)
+        cols.append(lam_col)
+        if with_mu:
+            cols.append(column([(0, j) for j in range(4)], [k_mu * t for t in th_hat]))
+        # one loop for the whole matrix (XLA would otherwise recompute it inside every consumer)
+        flat = materialize_chunks(*F, *(cols[c][r] for r in range(n_unknowns) for c in range(n_unknowns)), size=8)
+        F, flat = flat[:n_unknowns], flat[n_unknowns:]
+        A = [list(flat[r * n_unknowns : (r + 1) * n_unknowns]) for r in range(n_unknowns)]
+        return F, A
+
+    def amax(xs):
+        """Max of ``|x|`` over the listed components and the bodies (per system)."""
+        return bmax(functools.reduce(jnp.maximum, [jnp.abs(x) for x in xs]))
+
+    act = jnp.asarray(active) if active is not None else jnp.bool_(True)
+
+    def newton(f, z0):
+        def cond(c):
+            it, _, done, status, _ = c
+            return (it < max_iterations) & ~done & (status == Status.SUCCESS)
+
+        def body_fn(c):
+            it, z, _, _, _ = c
+            r, A = newton_matrix(z)
+            d, piv = solve_components(A, list(r), materialize_b=True)
+            z1 = tuple(zi - di for zi, di in zip(z, d))
+            pivots = jnp.stack(piv, -1)  # (..., [nb,] n): the system's pivots, as ep_step's one LU
+            sing = linalg_singular(pivots if one else pivots.reshape(*pivots.shape[:-2], -1))
+            nonfinite = bmax(~jnp.all(jnp.isfinite(jnp.stack(z1, -1)), -1))
+            small_a = amax(d[:7]) <= atol + rtol * amax(z1[:7])
+            small_l = amax(d[7:8]) <= atol + rtol * amax(z1[7:8])
+            if with_mu:
+                d_mu = amax(d[8:9])
+                th_hat, th, _, _ = configuration(z1)
+                xs = [ref[i] + q_pred[i] + c_q * z1[i] for i in range(3)] + list(th)
+                x_scale = jnp.maximum(1.0, amax(xs))
+                small_l &= (d_mu <= atol + rtol * amax(z1[:7])) | (beta_p * h * h * d_mu <= 8 * eps * x_scale)
+            status = jnp.where(sing, Status.SINGULAR, jnp.where(nonfinite, Status.NONFINITE, Status.SUCCESS))
+            status = status.astype(jnp.int32)
+            done = small_a & small_l & (status == Status.SUCCESS)
+            keep = status == Status.SUCCESS
+            z1 = tuple(jnp.where(bexp(keep), a, b) for a, b in zip(z1, z))
+            return it + 1, z1, done, status, amax(r)
+
+        batch = jnp.shape(z0[0]) if one else jnp.shape(z0[0])[:-1]
+        init = (
+            jnp.zeros(batch, jnp.int32), z0, ~jnp.broadcast_to(act, batch),
+            jnp.full(batch, Status.SUCCESS, jnp.int32), jnp.full(batch, jnp.inf, dtype),
+        )
+        it, z, done, status, res = jax.lax.while_loop(cond, body_fn, init)
+        status = jnp.where(done, Status.SUCCESS, jnp.where(status == Status.SUCCESS, Status.MAX_ITERATIONS, status))
+        return z, (it.astype(dtype), status.astype(dtype), res)
+
+    def tangent_solve(g, y):
+        # the Jacobian is block diagonal over the bodies: one column per unknown for all at once
+        ones = jnp.ones_like(y[0])
+        cols = [g(tuple(ones if k == c else jnp.zeros_like(ones) for k in range(n_unknowns))) for c in range(n_unknowns)]
+        A = [[cols[c][r] for c in range(n_unknowns)] for r in range(n_unknowns)]
+        return tuple(solve_components(A, list(y))[0])
+
+    z0 = (*qtt0, lam0) + ((jnp.zeros_like(lam0),) if with_mu else ())
+    z, aux = jax.lax.custom_root(full, z0, newton, tangent_solve, has_aux=True)
+    aux = jax.lax.stop_gradient(aux)
+    iterations, status, res = aux[0].astype(jnp.int32), aux[1].astype(jnp.int32), aux[2]
+
+    qtt1 = z[:7]
+    a1 = tuple(c_a * qtt1[k] + base[k] for k in range(7))
+    q1 = [q_pred[k] + c_q * qtt1[k] for k in range(7)]
+    if with_mu:
+        for j in range(4):
+            q1[3 + j] = q1[3 + j] + k_mu * z[8] * (ref[3 + j] + q1[3 + j])
+    v1 = tuple(v_pred[k] + c_v * qtt1[k] for k in range(7))
+    every = jnp.stack([*z, *q1, *v1], -1)
+    finite = ~bmax(~jnp.all(jnp.isfinite(every), -1))
+    status = jnp.where((status == Status.SUCCESS) & ~finite, Status.NONFINITE, status)
+    ok = (status == Status.SUCCESS) & act
+    new = EPCarry(carry.time + h, tuple(q1), v1, tuple(qtt1), a1, z[7])
+    new = where_tree(ok, new, carry)
+
+    def omega_max(q, v):
+        w = _gb(tuple(ref[3 + j] + q[3 + j] for j in range(4)), v[3:])
+        sq = w[0] * w[0] + w[1] * w[1] + w[2] * w[2]
+        pos = sq > 0
+        return bmax(jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1)), 0))
+
+    rotation = jnp.maximum(omega_max(q0, v0), omega_max(new.coordinates, new.velocities)) * h
+    status = jnp.where(ok & (rotation > max_rotation), Status.ROTATION_LIMIT, status)
+    return new, make_info(status, iterations, res, rotation)
+
+
+def _check_packed(model, state, wrench, dt, torque_frame):
+    _wrench_array(model, wrench, state.coordinates.dtype)
+
+
+def packed_form(step, model):
+    """The structure-of-arrays form of ``step`` for :func:`rigidjax.rollout` if ``step`` is
+    :func:`ep_step` (optionally bound with keyword options through ``functools.partial``) and
+    ``model`` an :class:`EPModel` of free bodies (no constraints besides the Euler-parameter one,
+    ``euler_constraint`` ``"position"`` or ``"velocity"``), else ``None``.
+
+    The packed step is :func:`ep_step` iterate for iterate (same residual, scaling, Newton
+    matrix, convergence tests, status codes; round-off apart), with each coordinate its own
+    array and the Newton matrix assembled and eliminated entry by entry
+    (:func:`rigidjax.linalg.solve_components`), which XLA:CPU runs as a few vectorised loops.
+    """
+    from .midpoint import PackedStep
+
+    kwargs = {}
+    while isinstance(step, functools.partial):
+        if step.args:
+            return None
+        kwargs = {**step.keywords, **kwargs}
+        step = step.func
+    if step is not ep_step or not isinstance(model, EPModel):
+        return None
+    if model.constraints or model.euler_constraint not in ("position", "velocity"):
+        return None
+    options = dict(
+        scheme=generalized_alpha(0.9), torque_frame="body", rtol=None, atol=None, max_iterations=10,
+        max_rotation=0.5, stabilized=True,
+    )
+    if not set(kwargs) <= set(options):
+        return None
+    options.update(kwargs)
+    if options["scheme"] is None:
+        options["scheme"] = generalized_alpha(0.9)
+    if options["torque_frame"] not in ("body", "world"):
+        raise ValueError(f"torque_frame must be 'body' or 'world'; got {options['torque_frame']!r}")
+    if int(options["max_iterations"]) < 1:
+        raise ValueError(f"max_iterations must be >= 1; got {options['max_iterations']}")
+    return PackedStep(
+        pack=_pack_ep,
+        unpack=_unpack_ep,
+        step=functools.partial(_packed_ep_step, **options),
+        check=lambda model, state, wrench, dt: _check_packed(model, state, wrench, dt, options["torque_frame"]),
+        attitude=None,
+    )

@@ -184,3 +184,103 @@ def solve_small(A: jax.Array, b: jax.Array) -> jax.Array:
     B = jnp.broadcast_to(B, (*batch, *B.shape[-2:]))
     X = _solve(A, B)
     return X[..., 0] if vector else X
+
+
+def solve_components(A, b, *, materialize_b: bool = False):
+    """:func:`solve_small_pivots` on a matrix given entry by entry (structure of arrays).
+
+    Args:
+        A: a sequence of ``n`` rows, each a sequence of ``n`` arrays ``A[i][j]`` of one common
+            (broadcastable) shape, e.g. ``(N,)`` over an ensemble, or scalars inside ``jax.vmap``.
+        b: a sequence of ``n`` arrays of that shape.
+
+    Returns:
+        ``(x, pivots)``, two tuples of ``n`` arrays: the solution of ``A x = b`` and the pivot
+        magnitudes ``|U_ii|`` of ``P A = L U`` (``jnp.stack(pivots, -1)`` feeds :func:`singular`);
+        dtype of the entries promoted. The elimination is unrolled (O(n^3) traced operations,
+        no LAPACK fallback): for small ``n``.
+
+    The same elimination as :func:`solve_small_pivots` (partial pivoting with LAPACK's pivot
+    choice, the same operations in the same order: equal results to round-off) on separate
+    arrays per entry: every operation is elementwise over the batch, so an ensemble runs
+    contiguous loops that XLA:CPU fuses and vectorises, instead of slices and selects on the
+    inner axes of ``(N, n, n)`` arrays. Each elimination stage of ``A`` is materialised
+    (:func:`rigidjax._util.materialize`) so later stages do not recompute it (the right-hand
+    side is not: the solve stays linear, hence transposable, in ``b``). The pivot row is
+    chosen by selects (no gather); a NaN entry is chosen as pivot as ``argmax`` would. Linear
+    in ``b``; not differentiated w.r.t. ``A`` by a rule of its own.
+
+    ``materialize_b=True`` materialises the right-hand side with each stage too (faster: the
+    back substitution then reads stored stages instead of recomputing the whole elimination of
+    ``b``), for a solve that is never transposed (e.g. a Newton increment; not in
+    ``custom_root``'s tangent solve, which reverse mode transposes).
+
+    Raises:
+        ValueError: ``A`` not ``n`` rows of ``n`` entries, or ``b`` not of length ``n``.
+    """
+    from ._util import materialize
+
+    n = len(A)
+    if any(len(row) != n for row in A) or len(b) != n:
+        raise ValueError(
+            f"solve_components: A must be n rows of n entries and b of length n; got rows of "
+            f"lengths {[len(r) for r in A]} and b of length {len(b)}"
+        )
+    if n == 0:
+        return (), ()
+    dtype = jnp.result_type(*[a for row in A for a in row], *b)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        dtype = jnp.result_type(dtype, jnp.float32)
+    S = [[jnp.asarray(a, dtype) for a in row] for row in A]  # active block, m x m
+    R = [jnp.asarray(v, dtype) for v in b]
+    urows, rrows = [], []
+    for k in range(n):
+        m = n - k
+        # first entry of largest magnitude (LAPACK idamax; argmax's NaN rule)
+        p = jnp.zeros(jnp.shape(S[0][0]), dtype)
+        best = jnp.abs(S[0][0])
+        for i in range(1, m):
+            a = jnp.abs(S[i][0])
+            better = (a > best) | (jnp.isnan(a) & ~jnp.isnan(best))
+            p = jnp.where(better, jnp.asarray(i, dtype), p)
+            best = jnp.where(better, a, best)
+        prow, rrow = list(S[0]), R[0]
+        for i in range(1, m):
+            sel = p == i
+            prow = [jnp.where(sel, s, t) for s, t in zip(S[i], prow)]
+            rrow = jnp.where(sel, R[i], rrow)
+        if m > 1:
+            # by default only what depends on A is materialised: the solve stays linear
+            # (transposable) in b
+            if materialize_b:
+                p, rrow, *prow = materialize(p, rrow, *prow)
+            else:
+                p, *prow = materialize(p, *prow)
+        urows.append(list(prow))
+        rrows.append(rrow)
+        if m == 1:
+            break
+        piv = prow[0]
+        safe = jnp.where(piv == 0, jnp.ones_like(piv), piv)  # an all-zero column: multipliers 0
+        S_new, R_new = [], []
+        for i in range(1, m):
+            sel = p == i  # row i moves to the pivot's place, row 0 to row i's
+            row = [jnp.where(sel, s0, s) for s0, s in zip(S[0], S[i])]
+            r = jnp.where(sel, R[0], R[i])
+            l = row[0] / safe
+            S_new.append([row[j] - l * prow[j] for j in range(1, m)])
+            R_new.append(r - l * rrow)
+        if materialize_b:
+            flat = materialize(*[a for row in S_new for a in row], *R_new)
+            R = list(flat[(m - 1) * (m - 1) :])
+        else:
+            flat = materialize(*[a for row in S_new for a in row])
+            R = R_new
+        S = [list(flat[i * (m - 1) : (i + 1) * (m - 1)]) for i in range(m - 1)]
+    x = [None] * n
+    for i in reversed(range(n)):
+        s = rrows[i]
+        for j in range(i + 1, n):
+            s = s - urows[i][j - i] * x[j]
+        x[i] = s / urows[i][0]
+    return tuple(x), tuple(jnp.abs(u[0]) for u in urows)

@@ -47,6 +47,7 @@ from jaxlie.utils import get_epsilon
 
 from . import so3
 from .body import RigidBody, RigidBodyState, check_step_inputs
+from ._util import materialize as _materialize
 from .info import Status, StepInfo, make_info
 
 __all__ = ["gyroscopic_term", "gyroscopic_jacobian", "midpoint_step", "step_matrix", "step_solve"]
@@ -122,33 +123,6 @@ def _inv3(A):
     c20, c21, c22 = d * h - e * g, b * g - a * h, a * e - b * d
     k = r / (a * c00 + b * c10 + c * c20)
     return ((c00 * k, c01 * k, c02 * k), (c10 * k, c11 * k, c12 * k), (c20 * k, c21 * k, c22 * k))
-
-
-@jax.custom_jvp
-def _materialize(*xs):
-    """Identity on arrays of one shape, computed as ONE multi-output XLA loop.
-
-    Why: XLA:CPU fuses elementwise chains into every consumer, so a step whose outputs share
-    intermediates (the Schur complement, the rotation factors, the finiteness flag) is
-    recomputed once per output component (~7x the work, measured). A variadic ``reduce``
-    over a padded axis of length 2 (``x + (-0.0)``, exact for every value incl. ``-0.0``,
-    inf, NaN) is emitted as a single loop with one output per array, sharing every
-    intermediate. ``optimization_barrier`` does not help: XLA:CPU expands it before fusion.
-    Tangents pass straight through (custom JVP), so ``grad`` and ``vmap`` are unaffected.
-    """
-    shape = jnp.broadcast_shapes(*(jnp.shape(x) for x in xs))
-    xs = [jnp.broadcast_to(x, shape) for x in xs]
-    nz = [jnp.full((), -0.0, x.dtype) for x in xs]
-    ops = [jnp.stack([x, jnp.broadcast_to(z, shape)], -1) for x, z in zip(xs, nz)]
-    return tuple(
-        jax.lax.reduce(ops, nz, lambda a, b: tuple(u + v for u, v in zip(a, b)), (len(shape),))
-    )
-
-
-@_materialize.defjvp
-def _materialize_jvp(primals, tangents):
-    shape = jnp.broadcast_shapes(*(jnp.shape(x) for x in primals))
-    return _materialize(*primals), tuple(jnp.broadcast_to(t, shape) for t in tangents)
 
 
 def _model_parts(body: RigidBody):

@@ -18,7 +18,8 @@ import numpy as np
 
 from ._util import is_concrete, where_tree
 from .info import FAILURES, Status, StepInfo, check, failure_mask
-from .midpoint import packed_form
+from . import euler_parameters as _ep
+from .midpoint import packed_form as _midpoint_packed_form
 
 __all__ = ["Trajectory", "rollout", "check_dt"]
 
@@ -143,10 +144,13 @@ def rollout(
         fails keeps its last good state for the rest of the rollout and every later
         ``info.status`` repeats the failure code.
 
-    Speed: :func:`rigidjax.midpoint_step` (also bound with ``functools.partial``) is run in
-    structure-of-arrays form (:func:`rigidjax.midpoint.packed_form`): each state component a
-    contiguous array over the ensemble inside the scan, stacked back to the public layout
-    once at the end. Results are those of the step itself.
+    Speed: :func:`rigidjax.midpoint_step`, and :func:`rigidjax.euler_parameters.ep_step` on a
+    model of free bodies (no constraints besides the Euler-parameter one), also bound with
+    ``functools.partial``, are run in structure-of-arrays form
+    (:func:`rigidjax.midpoint.packed_form`, :func:`rigidjax.euler_parameters.packed_form`):
+    each state component a contiguous array over the ensemble inside the scan, stacked back
+    to the public layout once at the end. Results are those of the step itself (same
+    iterates, round-off apart).
 
     Raises:
         ValueError: ``dt <= 0``, NaN ``dt``, inconsistent ``n_steps``/``dt``/``loads`` lengths,
@@ -165,14 +169,14 @@ def rollout(
                 )
 
     failure_codes = np.asarray([int(c) for c in FAILURES], np.int32)
-    packed = packed_form(step)
+    packed = _packed_form(step, model)
     template = jax.eval_shape(lambda: state0)
     if adjoint not in (None, "discrete"):
         raise ValueError(f"rollout: adjoint must be None or 'discrete'; got {adjoint!r}")
     if adjoint == "discrete":
         problems = [
             msg for bad, msg in (
-                (packed is None, "the step is not rigidjax.midpoint_step"),
+                (packed is None or packed.attitude is None, "the step is not rigidjax.midpoint_step"),
                 (callable(loads), "loads is a callable"),
                 (save_every not in (None, 1), "save_every is set"),
                 (checkpoint_every is not None, "checkpoint_every is set (the discrete adjoint needs no checkpoints)"),
@@ -384,6 +388,12 @@ def _saved_scan(body, carry0, xs, n: int, s: int, k: int | None):
         carry, ys_rem = interval(rem)(carry, _split(xs, n_saves * s, n, (rem,)))
         ys = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b[None]], 0), ys, ys_rem)
     return ys
+
+
+def _packed_form(step, model):
+    """The structure-of-arrays form of ``step`` on ``model`` (rollout's fast path), or ``None``."""
+    packed = _midpoint_packed_form(step)
+    return packed if packed is not None else _ep.packed_form(step, model)
 
 
 def _batch_shape(state) -> tuple[int, ...]:

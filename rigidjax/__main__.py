@@ -1,0 +1,5 @@
+"""``python -m rigidjax``: the same command line as the ``rigidjax`` console script."""
+
+from .cli import main
+
+raise SystemExit(main())
