@@ -1300,8 +1300,10 @@ def _packed_ep_step(
         # the Jacobian is block diagonal over the bodies: one column per unknown for all at once
         ones = jnp.ones_like(y[0])
         cols = [g(tuple(ones if k == c else jnp.zeros_like(ones) for k in range(n_unknowns))) for c in range(n_unknowns)]
-        A = [[cols[c][r] for c in range(n_unknowns)] for r in range(n_unknowns)]
-        return tuple(solve_components(A, list(y))[0])
+        # array form here: differentiation only, and it compiles ~2x faster when transposed
+        A = jnp.stack([jnp.stack(col, -1) for col in cols], -1)  # (..., [nb,] n, n)
+        x = solve_small(A, jnp.stack(y, -1))
+        return tuple(x[..., k] for k in range(n_unknowns))
 
     z0 = (*qtt0, lam0) + ((jnp.zeros_like(lam0),) if with_mu else ())
     z, aux = jax.lax.custom_root(full, z0, newton, tangent_solve, has_aux=True)

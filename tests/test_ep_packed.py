@@ -51,9 +51,9 @@ def _two_bodies(euler_constraint="position"):
 
 CASES = [
     ("position", {}),
-    ("velocity", {}),
+    pytest.param("velocity", {}, marks=pytest.mark.slow),  # slow: ~11 s of compile each
     ("position", {"stabilized": False, "torque_frame": "world"}),
-    ("position", {"scheme": ep.newmark(), "max_rotation": 0.02}),
+    pytest.param("position", {"scheme": ep.newmark(), "max_rotation": 0.02}, marks=pytest.mark.slow),
 ]
 
 
