@@ -132,6 +132,7 @@ def test_discrete_adjoint_shared_body_and_vmap():
 
 
 
+@pytest.mark.slow  # ~24 s of compile; CI budget
 def test_ensemble_rollout_discrete_adjoint_and_loads():
     """ensemble_rollout runs the midpoint step over its members in one batched rollout: same
     states as vmap(rollout), per-member loads honoured, and its discrete-adjoint gradient
@@ -165,6 +166,7 @@ def test_ensemble_rollout_discrete_adjoint_and_loads():
     assert float(jnp.abs(tr1.states.angular_velocity[4, -1, 0] - 1.4 * tr1.states.angular_velocity[0, -1, 0])) > 1e-3
 
 
+@pytest.mark.slow  # ~44 s of compile; CI budget (test_discrete_adjoint_matches_finite_differences_with_failures_and_per_step_dt stays)
 def test_failed_member_and_shared_loads_gradients():
     """Members never affect each other, also in gradients: a member frozen by a NaN wrench
     leaves every other gradient finite and equal to a run without it (both adjoints); a

@@ -96,6 +96,7 @@ def _elliptic_error(dt, T=2.0):
     return float(np.max(np.abs(np.asarray(w) - exact)))
 
 
+@pytest.mark.slow  # ~27 s; tests/test_euler_parameters.py's elliptic order test runs rollout's packed path too
 def test_packed_ensemble_matches_elliptic_solution():
     # measured 1.9e-6 at dt = 2 ms over 2 s (second order: 7.5e-6 at 4 ms, 4.7e-7 at 1 ms; see
     # the slow order test); 4e-6 leaves room for platform round-off, far below what a wrong
@@ -129,7 +130,13 @@ def test_packed_failures_are_per_member_and_keep_the_input_state():
     assert np.all(np.isfinite(q))
     np.testing.assert_array_equal(q[1, 3:], np.broadcast_to(q[1, 2], q[1, 3:].shape))
     np.testing.assert_array_equal(q[0], q[2])  # the others are unaffected (identical members)
-    # too few Newton iterations: MAX_ITERATIONS with the input state
+
+
+@pytest.mark.slow  # ~8 s of compile; CI budget
+def test_packed_max_iterations_keeps_the_input_state():
+    body = rj.RigidBody(mass=1.0, inertia=jnp.diag(jnp.array([1.0, 2.0, 3.0])))
+    model = ep.EPModel(body)
+    s0 = ep.initial_state(model, angular_velocity=jnp.array([[0.01, 2.0, 0.0]]))
     tr1 = jax.jit(lambda s: rj.rollout(functools.partial(ep.ep_step, max_iterations=1), model, s, 1e-3, 2))(s0)
     assert np.all(np.asarray(tr1.info.status) == Status.MAX_ITERATIONS)
     np.testing.assert_array_equal(np.asarray(tr1.states.coordinates[-1]), np.asarray(s0.coordinates))
