@@ -70,6 +70,7 @@ def test_gradient_matches_central_differences(w0):
         assert abs(g - fd) <= 1e-6 * max(1.0, abs(fd)), (i, idx, g, fd)
 
 
+@pytest.mark.slow  # ~22 s of compile; CI budget (the gradient tests above stay)
 def test_gradient_wrt_initial_orientation_tangent():
     # perturb the initial attitude on the manifold: q0 ⊗ exp(delta); FD in delta
     params = _params([0.3, 2.0, -0.5])
