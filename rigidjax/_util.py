@@ -73,3 +73,17 @@ def materialize_chunks(*xs, size: int):
     the price of recomputing shared intermediates once per loop.
     """
     return sum((materialize(*xs[i : i + size]) for i in range(0, len(xs), size)), ())
+
+
+def unwrap_partial(step):
+    """``(function, keyword options)`` of a step bound through (nested) ``functools.partial``
+    with keywords only; ``(None, {})`` if any positional argument is bound."""
+    import functools
+
+    kwargs = {}
+    while isinstance(step, functools.partial):
+        if step.args:
+            return None, {}
+        kwargs = {**step.keywords, **kwargs}
+        step = step.func
+    return step, kwargs

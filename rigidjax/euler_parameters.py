@@ -74,7 +74,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import so3
-from ._util import is_concrete, materialize_chunks, where_tree
+from ._util import is_concrete, materialize_chunks, unwrap_partial, where_tree
 from .body import RigidBody
 from .info import Status, StepInfo, check, make_info
 from .linalg import solve_components, solve_small, solve_small_pivots
@@ -1352,12 +1352,7 @@ def packed_form(step, model):
     """
     from .midpoint import PackedStep
 
-    kwargs = {}
-    while isinstance(step, functools.partial):
-        if step.args:
-            return None
-        kwargs = {**step.keywords, **kwargs}
-        step = step.func
+    step, kwargs = unwrap_partial(step)
     if step is not ep_step or not isinstance(model, EPModel):
         return None
     if model.constraints or model.euler_constraint not in ("position", "velocity"):

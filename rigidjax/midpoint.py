@@ -48,6 +48,7 @@ from jaxlie.utils import get_epsilon
 from . import so3
 from .body import RigidBody, RigidBodyState, check_step_inputs
 from ._util import materialize as _materialize
+from ._util import unwrap_partial
 from .info import Status, StepInfo, make_info
 
 __all__ = ["gyroscopic_term", "gyroscopic_jacobian", "midpoint_step", "step_matrix", "step_solve"]
@@ -481,12 +482,7 @@ class PackedStep(eqx.Module):
 def packed_form(step) -> PackedStep | None:
     """The :class:`PackedStep` of ``step`` if it is :func:`midpoint_step` (optionally bound
     with keyword options through ``functools.partial``), else ``None``."""
-    kwargs = {}
-    while isinstance(step, functools.partial):
-        if step.args:
-            return None
-        kwargs = {**step.keywords, **kwargs}
-        step = step.func
+    step, kwargs = unwrap_partial(step)
     if step is not midpoint_step or not set(kwargs) <= {"attitude", "max_rotation"}:
         return None
     attitude = kwargs.get("attitude", "new")
