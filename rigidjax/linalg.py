@@ -91,13 +91,21 @@ def _eliminate(A, B):
         l = S1[:, 0] / jnp.where(piv == 0, jnp.ones_like(piv), piv)
         S = S1[:, 1:] - l[:, None] * prow[None, 1:]
         R = R1 - l[:, None] * rrow[None, :]
+    x = _back_substitute(urows, rrows)
+    return jnp.stack(x), jnp.abs(jnp.stack([u[0] for u in urows]))
+
+
+def _back_substitute(urows, rrows):
+    """``x`` (list of ``n``) from the rows of ``U`` (row ``i`` holds ``U_ii, U_i,i+1, ...``) and
+    the eliminated right-hand sides; entries may be arrays or per-entry lists."""
+    n = len(rrows)
     x = [None] * n
     for i in reversed(range(n)):
         s = rrows[i]
         for j in range(i + 1, n):
             s = s - urows[i][j - i] * x[j]
         x[i] = s / urows[i][0]
-    return jnp.stack(x), jnp.abs(jnp.stack([u[0] for u in urows]))
+    return x
 
 
 def _batched(fn, A, B):
@@ -277,10 +285,5 @@ def solve_components(A, b, *, materialize_b: bool = False):
             flat = materialize(*[a for row in S_new for a in row])
             R = R_new
         S = [list(flat[i * (m - 1) : (i + 1) * (m - 1)]) for i in range(m - 1)]
-    x = [None] * n
-    for i in reversed(range(n)):
-        s = rrows[i]
-        for j in range(i + 1, n):
-            s = s - urows[i][j - i] * x[j]
-        x[i] = s / urows[i][0]
+    x = _back_substitute(urows, rrows)
     return tuple(x), tuple(jnp.abs(u[0]) for u in urows)
