@@ -278,17 +278,21 @@ def _core_fast(body, t, x, q, v, omega, wrench, dt, active, attitude):
     return out[0], tuple(out[1:4]), tuple(out[4:8]), tuple(out[8:11]), tuple(out[11:14]), out[14], ok > 0
 
 
-# Array form for derivatives: (…, 3) vectors and (…, 3, 3) matrices with elementwise ops and
-# short trailing reductions only (no dot, no scatter), so the linearised and transposed step
-# fuses into a few loops per step like the primal.
+# Derivatives: a hand-written JVP in array form ((…, 3) vectors, (…, 3, 3) matrices, einsum
+# products), linear in the tangents, with every primal factor (the block inverses, the
+# rotation factors) computed once and shared by all tangents. Differentiating the
+# per-component primal graph instead makes XLA:CPU duplicate the shared cotangent chains
+# (reverse mode was ~50x the forward cost); differentiating an array-form copy of the step
+# (the previous design) pushed full 6x6 matrix tangents through broadcast-multiply-sum
+# products, ~6x slower than needed under the fits' ``vmap(jacfwd(rollout))``.
 
 
 def _amv(A, x):
-    return jnp.sum(A * x[..., None, :], -1)
+    return jnp.einsum("...ij,...j->...i", A, x)
 
 
 def _amm(A, B):
-    return jnp.sum(A[..., :, :, None] * B[..., None, :, :], -2)
+    return jnp.einsum("...ij,...jk->...ik", A, B)
 
 
 def _ahat(w):
@@ -309,61 +313,114 @@ def _inv3_arrays(A):
     return jnp.stack([c0, c1, c2], -1) / (det[..., None, None] * s)
 
 
-def _solve_arrays(body, w, rhs, dt):
-    """The block elimination of :func:`_solve_blocks` on stacked arrays (no LAPACK call: a
-    batched LAPACK custom call inside a vmapped scan can deadlock XLA:CPU's 2-thread pool,
-    see benchmarks/README.md)."""
+def _step_solver(body, w, dt):
+    """``b -> (M/dt + R - K(w)/2)^-1 b`` for (…, 6) right-hand sides, by the block elimination
+    of :func:`_solve_blocks` in array form; the factors are built once, for the primal and
+    every tangent (no LAPACK call: a batched LAPACK custom call inside a vmapped scan can
+    deadlock XLA:CPU's 2-thread pool, see benchmarks/README.md)."""
     R, J = body.resistance, body.inertia
     m_dt = (jnp.asarray(body.mass) / dt)[..., None, None] * jnp.eye(3, dtype=w.dtype)
-    A11, A12, A21 = m_dt + R[..., :3, :3], R[..., :3, 3:], R[..., 3:, :3]
+    A21 = R[..., 3:, :3]
+    inv11 = _inv3_arrays(m_dt + R[..., :3, :3])
+    P = _amm(inv11, R[..., :3, 3:])
     K = _ahat(_amv(J, w)) - _amm(_ahat(w), J)
-    A22 = J / dt[..., None, None] + R[..., 3:, 3:] - 0.5 * K
-    inv11 = _inv3_arrays(A11)
-    P = _amm(inv11, A12)
-    y1 = _amv(inv11, rhs[..., :3])
-    x2 = _amv(_inv3_arrays(A22 - _amm(A21, P)), rhs[..., 3:] - _amv(A21, y1))
-    return jnp.concatenate([y1 - _amv(P, x2), x2], -1)
+    inv_s = _inv3_arrays(J / dt[..., None, None] + R[..., 3:, 3:] - 0.5 * K - _amm(A21, P))
+
+    def solve(b):
+        y1 = _amv(inv11, b[..., :3])
+        x2 = _amv(inv_s, b[..., 3:] - _amv(A21, y1))
+        return jnp.concatenate([y1 - _amv(P, x2), x2], -1)
+
+    return solve
 
 
-def _aquat_exp_mul(Q, phi, eps):
-    """``Q ⊗ exp(phi)`` (…, 4), array form of :func:`_quat_exp_mul` (unnormalised)."""
-    t2 = jnp.sum(phi * phi, -1)
-    taylor = t2 < eps
-    th = jnp.sqrt(jnp.where(taylor, jnp.ones_like(t2), t2))
-    re = jnp.where(taylor, 1.0 - t2 / 8.0 + t2 * t2 / 384.0, jnp.cos(0.5 * th))
-    im = jnp.where(taylor, 0.5 - t2 / 48.0 + t2 * t2 / 3840.0, jnp.sin(0.5 * th) / th)
-    E = im[..., None] * phi
-    w0, u = Q[..., :1], Q[..., 1:]
-    w = w0[..., 0] * re - jnp.sum(u * E, -1)
-    xyz = w0 * E + re[..., None] * u + jnp.cross(u, E)
+def _aquat_mul(w0, u, re, e):
+    """``(w0, u) ⊗ (re, e)`` (…, 4) for scalar parts (…,) and vector parts (…, 3)."""
+    w = w0 * re - jnp.sum(u * e, -1)
+    xyz = w0[..., None] * e + re[..., None] * u + jnp.cross(u, e)
     return jnp.concatenate([w[..., None], xyz], -1)
 
 
-def _core_reference(body, t, x, q, v, omega, wrench, dt, active, attitude):
-    """The same step on stacked arrays (used for derivatives only).
+def _core_tangent(primals, tangents, attitude):
+    r"""Tangent of :func:`_core_fast`'s outputs (the JVP of the step), derived by hand.
 
-    Mathematically identical to :func:`_core_fast`. Its JVP is what ``jax.grad``/``jvp``
-    differentiate: differentiating the per-component graph makes XLA:CPU duplicate the
-    shared cotangent chains the same way it duplicated the primal ones (reverse mode was
-    ~50x the forward cost), while this form transposes into a few batched array ops.
+    With ``A dV = rhs``, ``A = M/dt + R - K(omega)/2``, ``rhs = F - [0; omega x I omega] - R V``:
+
+    .. math:: A\,\dot{dV} = \dot{rhs} - \dot A\, dV, \qquad
+              \dot A\, dV = \Big(\tfrac{\dot M}{dt} - \tfrac{M \dot{dt}}{dt^2}\Big) dV + \dot R\, dV
+                          - \tfrac12 \dot K\, dV_\omega ,
+
+    ``K u = (I omega) x u - omega x (I u)`` being bilinear in ``(I, omega)``; ``rhs`` and ``A``
+    share ``dot R``, so ``dot rhs - dot A dV`` carries ``-dot R V'``. The attitude's
+    ``exp(phi)`` is differentiated through ``d cos(th/2) / d th^2 = -sin(th/2) / (4 th)`` and
+    ``d (sin(th/2)/th) / d th^2 = (cos(th/2)/2 - sin(th/2)/th) / (2 th^2)`` (Taylor
+    series below the same threshold as the primal). The acceptance selection and the rotation
+    measure are differentiated by ``jax.jvp`` of :func:`_finalize`. Checked against central
+    finite differences (tests/test_midpoint_layout.py, tests/test_adjoint.py).
     """
+    body, t, x, q, v, omega, wrench, dt, ok = primals
+    tbody, t_t, x_t, q_t, v_t, w_t, wrench_t, dt_t, _ = tangents
     dtype = omega[0].dtype
+    dt, dt_t = jnp.asarray(dt), jnp.asarray(dt_t)
+    m, J, R, g = jnp.asarray(body.mass)[..., None], body.inertia, body.resistance, body.gravity
+    m_t, J_t, R_t, g_t = jnp.asarray(tbody.mass)[..., None], tbody.inertia, tbody.resistance, tbody.gravity
     X, Q, Vl, W = _stack(x), _stack(q), _stack(v), _stack(omega)
-    J = body.inertia
-    gyro = jnp.cross(W, _amv(J, W))
-    mg = jnp.asarray(body.mass)[..., None] * body.gravity
-    F = jnp.concatenate(jnp.broadcast_arrays(mg, -gyro), -1)
+    X_t, Q_t, W_t = _stack(x_t), _stack(q_t), _stack(w_t)
+    Jw = _amv(J, W)
+    Jw_t = _amv(J_t, W) + _amv(J, W_t)
+    F = jnp.concatenate(jnp.broadcast_arrays(m * g, -jnp.cross(W, Jw)), -1)
+    F_t = jnp.concatenate(
+        jnp.broadcast_arrays(m_t * g + m * g_t, -(jnp.cross(W_t, Jw) + jnp.cross(W, Jw_t))), -1
+    )
     if wrench is not None:
         F = F + jnp.asarray(wrench, dtype)
+        F_t = F_t + wrench_t
     V = jnp.concatenate([Vl, W], -1)
-    rhs = F - _amv(body.resistance, V)
-    V1 = V + _solve_arrays(body, W, rhs, jnp.asarray(dt))
-    v1, w1 = V1[..., :3], V1[..., 3:]
-    w_att = w1 if attitude == "new" else 0.5 * (W + w1)
-    q1 = _aquat_exp_mul(Q, jnp.asarray(dt)[..., None] * w_att, get_epsilon(jnp.dtype(dtype)))
-    q1 = (*_comps(q1, 4), jnp.sqrt(jnp.sum(q1 * q1, -1)))
-    x1 = X + jnp.asarray(dt)[..., None] * v1
-    return _finalize(t, x, q, v, omega, _comps(x1, 3), q1, _comps(v1, 3), _comps(w1, 3), dt, active)
+    V_t = jnp.concatenate([_stack(v_t), W_t], -1)
+    solve = _step_solver(body, W, dt)
+    dV = solve(F - _amv(R, V))
+    V1 = V + dV
+    dVv, dVw = dV[..., :3], dV[..., 3:]
+    rate = (dt_t / dt)[..., None]  # d(1/dt) = -rate / dt
+    h = 1 / dt[..., None]
+    JdVw = _amv(J, dVw)
+    J_tdVw = _amv(J_t, dVw)
+    K_tdVw = jnp.cross(Jw_t, dVw) - jnp.cross(W_t, JdVw) - jnp.cross(W, J_tdVw)
+    A_tdV = jnp.concatenate(
+        jnp.broadcast_arrays((m_t - m * rate) * h * dVv, (J_tdVw - rate * JdVw) * h - 0.5 * K_tdVw), -1
+    )
+    V1_t = V_t + solve(F_t - A_tdV - _amv(R_t, V1) - _amv(R, V_t))
+    v1, w1, v1_t, w1_t = V1[..., :3], V1[..., 3:], V1_t[..., :3], V1_t[..., 3:]
+    dt3 = dt[..., None]
+    x1, x1_t = X + dt3 * v1, X_t + dt_t[..., None] * v1 + dt3 * v1_t
+    if attitude == "new":
+        wa, wa_t = w1, w1_t
+    else:
+        wa, wa_t = 0.5 * (W + w1), 0.5 * (W_t + w1_t)
+    phi, phi_t = dt3 * wa, dt_t[..., None] * wa + dt3 * wa_t
+    # exp(phi) = (re, im phi) as in _quat_exp_mul, and its derivative in t2 = |phi|^2
+    t2 = jnp.sum(phi * phi, -1)
+    taylor = t2 < get_epsilon(jnp.dtype(dtype))
+    safe = jnp.where(taylor, jnp.ones_like(t2), t2)
+    th = jnp.sqrt(safe)
+    re = jnp.where(taylor, 1.0 - t2 / 8.0 + t2 * t2 / 384.0, jnp.cos(0.5 * th))
+    im = jnp.where(taylor, 0.5 - t2 / 48.0 + t2 * t2 / 3840.0, jnp.sin(0.5 * th) / th)
+    dre = jnp.where(taylor, -1.0 / 8.0 + t2 / 192.0, -0.25 * im)
+    dim = jnp.where(taylor, -1.0 / 48.0 + t2 / 1920.0, (0.5 * re - im) / (2 * safe))
+    t2_t = 2 * jnp.sum(phi * phi_t, -1)
+    E = im[..., None] * phi
+    E_t = (dim * t2_t)[..., None] * phi + im[..., None] * phi_t
+    q1 = _aquat_mul(Q[..., 0], Q[..., 1:], re, E)
+    q1_t = _aquat_mul(Q_t[..., 0], Q_t[..., 1:], re, E) + _aquat_mul(Q[..., 0], Q[..., 1:], dre * t2_t, E_t)
+    n = jnp.sqrt(jnp.sum(q1 * q1, -1))
+    n_t = jnp.sum(q1 * q1_t, -1) / n
+
+    def finalize(t, x, q, v, omega, x1, q1, v1, w1, dt):
+        return _finalize(t, x, q, v, omega, x1, q1, v1, w1, dt, ok)
+
+    p = (t, x, q, v, omega, _comps(x1, 3), (*_comps(q1, 4), n), _comps(v1, 3), _comps(w1, 3), dt)
+    tt = (t_t, x_t, q_t, v_t, w_t, _comps(x1_t, 3), (*_comps(q1_t, 4), n_t), _comps(v1_t, 3), _comps(w1_t, 3), dt_t)
+    return jax.jvp(finalize, p, tt)[1]
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(9,))
@@ -383,9 +440,7 @@ def _core_jvp(attitude, primals, tangents):
         wrench = jnp.where(ok[..., None], jnp.asarray(wrench, omega[0].dtype), 0)
         tangents[6] = jnp.broadcast_to(tangents[6], wrench.shape)
     primals = (body, t, x, q, v, omega, wrench, dt, ok)
-    tangents = tuple(tangents)
-    _, t_out = jax.jvp(lambda *a: _core_reference(*a, attitude), primals, tangents)
-    return out, t_out
+    return out, _core_tangent(primals, tuple(tangents), attitude)
 
 
 class MidpointCarry(eqx.Module):
