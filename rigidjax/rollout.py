@@ -19,6 +19,7 @@ import numpy as np
 from ._util import is_concrete, where_tree
 from .info import FAILURES, Status, StepInfo, check, failure_mask
 from . import euler_parameters as _ep
+from . import systems as _systems
 from .midpoint import packed_form as _midpoint_packed_form
 
 __all__ = ["Trajectory", "rollout", "check_dt"]
@@ -144,10 +145,12 @@ def rollout(
         fails keeps its last good state for the rest of the rollout and every later
         ``info.status`` repeats the failure code.
 
-    Speed: :func:`rigidjax.midpoint_step`, and :func:`rigidjax.euler_parameters.ep_step` on a
-    model of free bodies (no constraints besides the Euler-parameter one), also bound with
-    ``functools.partial``, are run in structure-of-arrays form
-    (:func:`rigidjax.midpoint.packed_form`, :func:`rigidjax.euler_parameters.packed_form`):
+    Speed: :func:`rigidjax.midpoint_step`, :func:`rigidjax.euler_parameters.ep_step` on a
+    model of free bodies (no constraints besides the Euler-parameter one) and
+    :func:`rigidjax.variational.vi_step` on a free :func:`rigidjax.systems.rigid_body`, also
+    bound with ``functools.partial``, are run in structure-of-arrays form
+    (:func:`rigidjax.midpoint.packed_form`, :func:`rigidjax.euler_parameters.packed_form`,
+    :func:`rigidjax.systems.packed_form`):
     each state component a contiguous array over the ensemble inside the scan, stacked back
     to the public layout once at the end. Results are those of the step itself (same
     iterates, round-off apart).
@@ -392,8 +395,10 @@ def _saved_scan(body, carry0, xs, n: int, s: int, k: int | None):
 
 def _packed_form(step, model):
     """The structure-of-arrays form of ``step`` on ``model`` (rollout's fast path), or ``None``."""
-    packed = _midpoint_packed_form(step)
-    return packed if packed is not None else _ep.packed_form(step, model)
+    for packed in (_midpoint_packed_form(step), _ep.packed_form(step, model), _systems.packed_form(step, model)):
+        if packed is not None:
+            return packed
+    return None
 
 
 def _batch_shape(state) -> tuple[int, ...]:
