@@ -341,8 +341,22 @@ def _aquat_mul(w0, u, re, e):
     return jnp.concatenate([w[..., None], xyz], -1)
 
 
-def _core_tangent(primals, tangents, attitude):
-    r"""Tangent of :func:`_core_fast`'s outputs (the JVP of the step), derived by hand.
+def _exp_factors(phi, eps):
+    """``exp(phi) = (re, im phi)`` as in :func:`_quat_exp_mul`, with ``d re/d t2`` and
+    ``d im/d t2`` in ``t2 = |phi|^2`` (Taylor series below ``eps``, as the primal)."""
+    t2 = jnp.sum(phi * phi, -1)
+    taylor = t2 < eps
+    safe = jnp.where(taylor, jnp.ones_like(t2), t2)
+    th = jnp.sqrt(safe)
+    re = jnp.where(taylor, 1.0 - t2 / 8.0 + t2 * t2 / 384.0, jnp.cos(0.5 * th))
+    im = jnp.where(taylor, 0.5 - t2 / 48.0 + t2 * t2 / 3840.0, jnp.sin(0.5 * th) / th)
+    dre = jnp.where(taylor, -1.0 / 8.0 + t2 / 192.0, -0.25 * im)
+    dim = jnp.where(taylor, -1.0 / 48.0 + t2 / 1920.0, (0.5 * re - im) / (2 * safe))
+    return re, im, dre, dim
+
+
+def _core_linearized(primals, tangents, attitude):
+    r"""The step in array form and its tangent (the JVP of :func:`_core_fast`), derived by hand.
 
     With ``A dV = rhs``, ``A = M/dt + R - K(omega)/2``, ``rhs = F - [0; omega x I omega] - R V``:
 
@@ -353,36 +367,56 @@ def _core_tangent(primals, tangents, attitude):
     ``K u = (I omega) x u - omega x (I u)`` being bilinear in ``(I, omega)``; ``rhs`` and ``A``
     share ``dot R``, so ``dot rhs - dot A dV`` carries ``-dot R V'``. The attitude's
     ``exp(phi)`` is differentiated through ``d cos(th/2) / d th^2 = -sin(th/2) / (4 th)`` and
-    ``d (sin(th/2)/th) / d th^2 = (cos(th/2)/2 - sin(th/2)/th) / (2 th^2)`` (Taylor
-    series below the same threshold as the primal). The acceptance selection and the rotation
-    measure are differentiated by ``jax.jvp`` of :func:`_finalize`. Checked against central
-    finite differences (tests/test_midpoint_layout.py, tests/test_adjoint.py).
+    ``d (sin(th/2)/th) / d th^2 = (cos(th/2)/2 - sin(th/2)/th) / (2 th^2)``. The acceptance
+    selection and the rotation measure are differentiated by ``jax.jvp`` of :func:`_finalize`.
+    Checked against central finite differences (tests/test_midpoint_layout.py,
+    tests/test_adjoint.py). Returns ``(out, tangent_out)`` in :func:`_finalize`'s structure;
+    ``out`` equals :func:`_core_fast`'s to round-off.
     """
-    body, t, x, q, v, omega, wrench, dt, ok = primals
+    body, t, x, q, v, omega, wrench, dt, active = primals
     tbody, t_t, x_t, q_t, v_t, w_t, wrench_t, dt_t, _ = tangents
     dtype = omega[0].dtype
+    eps = get_epsilon(jnp.dtype(dtype))
     dt, dt_t = jnp.asarray(dt), jnp.asarray(dt_t)
+    dt3 = dt[..., None]
     m, J, R, g = jnp.asarray(body.mass)[..., None], body.inertia, body.resistance, body.gravity
     m_t, J_t, R_t, g_t = jnp.asarray(tbody.mass)[..., None], tbody.inertia, tbody.resistance, tbody.gravity
     X, Q, Vl, W = _stack(x), _stack(q), _stack(v), _stack(omega)
     X_t, Q_t, W_t = _stack(x_t), _stack(q_t), _stack(w_t)
     Jw = _amv(J, W)
-    Jw_t = _amv(J_t, W) + _amv(J, W_t)
     F = jnp.concatenate(jnp.broadcast_arrays(m * g, -jnp.cross(W, Jw)), -1)
+    if wrench is not None:
+        F = F + jnp.asarray(wrench, dtype)
+    V = jnp.concatenate([Vl, W], -1)
+    solve = _step_solver(body, W, dt)
+
+    def advance(dV):
+        V1 = V + dV
+        wa = V1[..., 3:] if attitude == "new" else 0.5 * (W + V1[..., 3:])
+        phi = dt3 * wa
+        re, im, dre, dim = _exp_factors(phi, eps)
+        q1 = _aquat_mul(Q[..., 0], Q[..., 1:], re, im[..., None] * phi)
+        return V1, X + dt3 * V1[..., :3], phi, (re, im, dre, dim), q1, jnp.sqrt(jnp.sum(q1 * q1, -1))
+
+    dV = solve(F - _amv(R, V))
+    V1, x1, _, _, q1, n = advance(dV)
+    finite = jnp.all(jnp.isfinite(jnp.concatenate([V1, x1, q1, n[..., None]], -1)), -1) & (n > 0)
+    ok = finite if active is None else finite & active
+    # a rejected member keeps its old state: its increment is replaced by 0 before the tangent
+    # is formed, so no 0 * NaN (e.g. from a NaN wrench) reaches the other members' gradients
+    dV = jnp.where(ok[..., None], dV, 0)
+    V1, x1, phi, (re, im, dre, dim), q1, n = advance(dV)
+    # tangent: A d(dV) = d(rhs) - dA dV, with dA = dM/dt - M ddt/dt^2 + dR - dK/2
+    Jw_t = _amv(J_t, W) + _amv(J, W_t)
     F_t = jnp.concatenate(
         jnp.broadcast_arrays(m_t * g + m * g_t, -(jnp.cross(W_t, Jw) + jnp.cross(W, Jw_t))), -1
     )
     if wrench is not None:
-        F = F + jnp.asarray(wrench, dtype)
         F_t = F_t + wrench_t
-    V = jnp.concatenate([Vl, W], -1)
     V_t = jnp.concatenate([_stack(v_t), W_t], -1)
-    solve = _step_solver(body, W, dt)
-    dV = solve(F - _amv(R, V))
-    V1 = V + dV
     dVv, dVw = dV[..., :3], dV[..., 3:]
     rate = (dt_t / dt)[..., None]  # d(1/dt) = -rate / dt
-    h = 1 / dt[..., None]
+    h = 1 / dt3
     JdVw = _amv(J, dVw)
     J_tdVw = _amv(J_t, dVw)
     K_tdVw = jnp.cross(Jw_t, dVw) - jnp.cross(W_t, JdVw) - jnp.cross(W, J_tdVw)
@@ -390,37 +424,24 @@ def _core_tangent(primals, tangents, attitude):
         jnp.broadcast_arrays((m_t - m * rate) * h * dVv, (J_tdVw - rate * JdVw) * h - 0.5 * K_tdVw), -1
     )
     V1_t = V_t + solve(F_t - A_tdV - _amv(R_t, V1) - _amv(R, V_t))
-    v1, w1, v1_t, w1_t = V1[..., :3], V1[..., 3:], V1_t[..., :3], V1_t[..., 3:]
-    dt3 = dt[..., None]
-    x1, x1_t = X + dt3 * v1, X_t + dt_t[..., None] * v1 + dt3 * v1_t
-    if attitude == "new":
-        wa, wa_t = w1, w1_t
-    else:
-        wa, wa_t = 0.5 * (W + w1), 0.5 * (W_t + w1_t)
-    phi, phi_t = dt3 * wa, dt_t[..., None] * wa + dt3 * wa_t
-    # exp(phi) = (re, im phi) as in _quat_exp_mul, and its derivative in t2 = |phi|^2
-    t2 = jnp.sum(phi * phi, -1)
-    taylor = t2 < get_epsilon(jnp.dtype(dtype))
-    safe = jnp.where(taylor, jnp.ones_like(t2), t2)
-    th = jnp.sqrt(safe)
-    re = jnp.where(taylor, 1.0 - t2 / 8.0 + t2 * t2 / 384.0, jnp.cos(0.5 * th))
-    im = jnp.where(taylor, 0.5 - t2 / 48.0 + t2 * t2 / 3840.0, jnp.sin(0.5 * th) / th)
-    dre = jnp.where(taylor, -1.0 / 8.0 + t2 / 192.0, -0.25 * im)
-    dim = jnp.where(taylor, -1.0 / 48.0 + t2 / 1920.0, (0.5 * re - im) / (2 * safe))
+    v1_t, w1_t = V1_t[..., :3], V1_t[..., 3:]
+    x1_t = X_t + dt_t[..., None] * V1[..., :3] + dt3 * v1_t
+    wa = V1[..., 3:] if attitude == "new" else 0.5 * (W + V1[..., 3:])
+    wa_t = w1_t if attitude == "new" else 0.5 * (W_t + w1_t)
+    phi_t = dt_t[..., None] * wa + dt3 * wa_t
     t2_t = 2 * jnp.sum(phi * phi_t, -1)
-    E = im[..., None] * phi
     E_t = (dim * t2_t)[..., None] * phi + im[..., None] * phi_t
-    q1 = _aquat_mul(Q[..., 0], Q[..., 1:], re, E)
-    q1_t = _aquat_mul(Q_t[..., 0], Q_t[..., 1:], re, E) + _aquat_mul(Q[..., 0], Q[..., 1:], dre * t2_t, E_t)
-    n = jnp.sqrt(jnp.sum(q1 * q1, -1))
+    q1_t = _aquat_mul(Q_t[..., 0], Q_t[..., 1:], re, im[..., None] * phi) + _aquat_mul(
+        Q[..., 0], Q[..., 1:], dre * t2_t, E_t
+    )
     n_t = jnp.sum(q1 * q1_t, -1) / n
 
     def finalize(t, x, q, v, omega, x1, q1, v1, w1, dt):
         return _finalize(t, x, q, v, omega, x1, q1, v1, w1, dt, ok)
 
-    p = (t, x, q, v, omega, _comps(x1, 3), (*_comps(q1, 4), n), _comps(v1, 3), _comps(w1, 3), dt)
+    p = (t, x, q, v, omega, _comps(x1, 3), (*_comps(q1, 4), n), _comps(V1[..., :3], 3), _comps(V1[..., 3:], 3), dt)
     tt = (t_t, x_t, q_t, v_t, w_t, _comps(x1_t, 3), (*_comps(q1_t, 4), n_t), _comps(v1_t, 3), _comps(w1_t, 3), dt_t)
-    return jax.jvp(finalize, p, tt)[1]
+    return jax.jvp(finalize, p, tt)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(9,))
@@ -430,17 +451,10 @@ def _core(body, t, x, q, v, omega, wrench, dt, active, attitude):
 
 @_core.defjvp
 def _core_jvp(attitude, primals, tangents):
-    out = _core_fast(*primals, attitude)
-    body, t, x, q, v, omega, wrench, dt, active = primals
-    ok = out[-1]
-    # a rejected member (e.g. NaN in its wrench) keeps its old state; its inputs are replaced by
-    # safe ones before differentiating, so 0 * NaN cannot reach the other members' gradients
-    tangents = list(tangents[:8]) + [np.zeros(jnp.shape(ok), jax.dtypes.float0)]
-    if wrench is not None:
-        wrench = jnp.where(ok[..., None], jnp.asarray(wrench, omega[0].dtype), 0)
-        tangents[6] = jnp.broadcast_to(tangents[6], wrench.shape)
-    primals = (body, t, x, q, v, omega, wrench, dt, ok)
-    return out, _core_tangent(primals, tuple(tangents), attitude)
+    # the primal comes from the array form too: one graph for value and tangent (the
+    # structure-of-arrays primal alongside doubled the traced and compiled size)
+    tangents = (*tangents[:8], np.zeros(jnp.shape(primals[8]), jax.dtypes.float0))
+    return _core_linearized(primals, tangents, attitude)
 
 
 class MidpointCarry(eqx.Module):
