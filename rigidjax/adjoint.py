@@ -31,9 +31,11 @@ import jax
 import jax.numpy as jnp
 from jaxlie.utils import get_epsilon
 
+from ._util import materialize_chunks
+
 from .midpoint import MidpointCarry, _cross, _inv3, _materialize, _mm, _model_parts, _mv
 
-__all__ = ["step_vjp", "model_constants", "unflatten_params", "carry_to_array", "carry_from_array"]
+__all__ = ["step_vjp", "model_constants", "unflatten_params", "carry_to_array", "carry_from_array", "ACC_SIZES"]
 
 
 def _dot(a, b):
@@ -57,7 +59,7 @@ def model_constants(body, dt):
     return m, J, R, g, inv11, P, A21, _mm(A21, P)
 
 
-def step_vjp(consts, c0: MidpointCarry, c1: MidpointCarry, ok, dt, lam1: MidpointCarry, ct1: MidpointCarry, rot_bar, acc, attitude):
+def step_vjp(consts, c0: MidpointCarry, c1: MidpointCarry, ok, dt, lam1, ct1: MidpointCarry, rot_bar, acc, attitude):
     """Transpose of one midpoint step at ``c0 -> c1``.
 
     Args:
@@ -68,17 +70,18 @@ def step_vjp(consts, c0: MidpointCarry, c1: MidpointCarry, ok, dt, lam1: Midpoin
         lam1, ct1: cotangents of ``c1`` from the later steps (``(14, …)`` array, see
             :func:`carry_to_array`) and from the loss (a carry); added here. ``rot_bar``:
             cotangent of ``info.rotation``.
-        acc: ``(50, …)`` running sums ``(m̄, J̄ (9), R̄ (36), ḡ (3), dt̄)`` the step adds to.
+        acc: running sums the step adds to, :data:`ACC_SIZES` arrays ``(k, …)``:
+            ``m̄ (1)``, ``J̄ (9)``, ``R̄ (36)``, ``ḡ (3)``, ``dt̄ (1)``.
 
     Returns:
-        ``(ct0 (14, …), acc (50, …), wrench_bar (6 arrays), dt_bar)``, every component of
-        the batch shape (not yet summed over members sharing a body); ``dt_bar`` this
-        step's part.
+        ``(ct0 (14, …), acc, wrench_bar (6 arrays), dt_bar)``, every component of the batch
+        shape (not yet summed over members sharing a body); ``dt_bar`` this step's part.
     """
-    # lam1 (14, …) and acc (50, …) are single arrays so the sweep's loop carries two buffers,
-    # not 64 (XLA copies each carried buffer a multi-output loop rewrites)
+    # lam1 and the sums are stacked arrays so the sweep's loop carries a few buffers, not 64
+    # (XLA copies each carried buffer a multi-output loop rewrites); the sums in groups, so
+    # XLA drops the loop work of a group the caller does not use (e.g. R̄ when only the
+    # inertia is differentiated)
     ct1 = jax.tree_util.tree_map(lambda a, b: a + b, carry_from_array(lam1), ct1)
-    acc = tuple(acc[i] for i in range(50))
     m, J, R, g, inv11, P, A21, A21P = consts
     dtype = c0.angular_velocity[0].dtype
     x, q, v, w = c0.position, c0.orientation, c0.velocity, c0.angular_velocity
@@ -116,15 +119,12 @@ def step_vjp(consts, c0: MidpointCarry, c1: MidpointCarry, ok, dt, lam1: Midpoin
     r0 = q0 * e0 - _dot(qv, ev)
     rv = tuple(q0 * ev[i] + e0 * qv[i] + c for i, c in enumerate(_cross(qv, ev)))
     # norms are materialised before anything divides by them: a fused x / sqrt(.) becomes
-    # XLA's rsqrt, which has no float64 vector form and would leave the loop scalar
-    stage1 = _materialize(
-        *sum(Sinv, ()), C, Sf, dC, dS, r0, *rv,
-        jnp.sqrt(r0 * r0 + _dot(rv, rv)), jnp.sqrt(_dot(w, w)), jnp.sqrt(_dot(w1, w1)),
-    )
-    Sinv = tuple(tuple(stage1[3 * i : 3 * i + 3]) for i in range(3))
-    C, Sf, dC, dS = stage1[9:13]
-    r = tuple(stage1[13:17])
-    n, n0, nw1 = stage1[17:20]
+    # XLA's rsqrt, which has no float64 vector form and would leave the loop scalar. Two
+    # loops (the block inverse; the exponential map and |q ⊗ e|): one loop with all 20
+    # outputs compiled to scalar code (measured at N = 256)
+    *Sinv, n0, nw1 = _materialize(*sum(Sinv, ()), jnp.sqrt(_dot(w, w)), jnp.sqrt(_dot(w1, w1)))
+    C, Sf, dC, dS, n = _materialize(C, Sf, dC, dS, jnp.sqrt(r0 * r0 + _dot(rv, rv)))
+    Sinv = tuple(tuple(Sinv[3 * i : 3 * i + 3]) for i in range(3))
 
     # --- stage 2: the transpose, output by output ---
     e0, ev = C, tuple(Sf * p for p in phi)
@@ -208,12 +208,22 @@ def step_vjp(consts, c0: MidpointCarry, c1: MidpointCarry, ok, dt, lam1: Midpoin
         + pick(vb, ct1.velocity)
         + pick(wb, pas_w)
     )
-    params = (m_bar,) + sum(J_bar, ()) + sum(R_bar, ()) + g_bar
+    params = ((m_bar,), sum(J_bar, ()), sum(R_bar, ()), g_bar)
     dt_bar = jnp.where(ok, dt_bar, rot_bar * n0)
-    acc = tuple(a_ + jnp.where(ok, p_, zero) for a_, p_ in zip(acc[:49], params)) + (acc[49] + dt_bar,)
+    new_acc = tuple(
+        tuple(a_[i] + jnp.where(ok, p_[i], zero) for i in range(len(p_))) for a_, p_ in zip(acc[:4], params)
+    ) + ((acc[4][0] + dt_bar,),)
     wrench_bar = tuple(jnp.where(ok, c, zero) for c in lam)
-    out = _materialize(*ct0, *acc, *wrench_bar, dt_bar)
-    return jnp.stack(out[:14]), jnp.stack(out[14:64]), tuple(out[64:70]), out[70]
+    # loops of <= 8 outputs, each within one group: wide loops (here up to 70 outputs
+    # reading ~60 arrays) compile to scalar code (measured 2-3x slower at N = 256)
+    ct0 = _materialize(*ct0[:7]) + _materialize(*ct0[7:])
+    new_acc = tuple(materialize_chunks(*g_, size=8) for g_ in new_acc)
+    out = _materialize(*wrench_bar, dt_bar)
+    return jnp.stack(ct0), tuple(jnp.stack(g_) for g_ in new_acc), out[:6], out[6]
+
+
+#: Sizes of the accumulator groups of :func:`step_vjp`: ``m̄, J̄, R̄, ḡ, dt̄``.
+ACC_SIZES = (1, 9, 36, 3, 1)
 
 
 def carry_to_array(c: MidpointCarry) -> jax.Array:
@@ -227,11 +237,8 @@ def carry_from_array(a) -> MidpointCarry:
 
 
 def unflatten_params(acc):
-    """``(m̄, J̄ (…, 3, 3), R̄ (…, 6, 6), ḡ (…, 3))`` arrays from the 49 accumulated components."""
-    from .midpoint import _stack
-
-    J = jnp.stack([_stack(acc[1 + 3 * i : 4 + 3 * i]) for i in range(3)], -2)
-    R = jnp.stack([_stack(acc[10 + 6 * i : 16 + 6 * i]) for i in range(6)], -2)
-    return acc[0], J, R, _stack(acc[46:49])
-
-
+    """``(m̄, J̄ (…, 3, 3), R̄ (…, 6, 6), ḡ (…, 3))`` arrays from the accumulator groups of :func:`step_vjp`."""
+    m, J, R, g = acc[:4]
+    return m[0], jnp.moveaxis(J.reshape((3, 3) + J.shape[1:]), (0, 1), (-2, -1)), jnp.moveaxis(
+        R.reshape((6, 6) + R.shape[1:]), (0, 1), (-2, -1)
+    ), jnp.moveaxis(g, 0, -1)

@@ -270,24 +270,30 @@ def _discrete_adjoint_scan(packed, body, model, carry0, dt_arr, xs_load, n):
         model, (state0, _), dt_arr, xs_load, (states, info) = res
         ct_states, ct_info = ct
         dtype = state0.angular_velocity[0].dtype
-        prev = jax.tree_util.tree_map(lambda a0, a: jnp.concatenate([a0[None], a[:-1]], 0), state0, states)
         ok = ~jnp.isin(info.status, jnp.asarray([int(c) for c in FAILURES], jnp.int32))
         batch = jnp.shape(state0.time)
         consts = None if per_step_dt else adj.model_constants(model, jnp.asarray(dt_arr, dtype))
 
         def back(carry, xs):
             lam, acc = carry
-            c0, c1, ok_k, ct1, rot_bar, dt_k, load_k = xs
+            k, c1, ok_k, ct1, rot_bar, dt_k, load_k = xs
+            # the state before step k read in place (a shifted copy of the trajectory would be
+            # another n_steps x 14 x batch buffer, page-faulted afresh on every call)
+            c0 = jax.tree_util.tree_map(
+                lambda a0, a: jnp.where(k == 0, a0, jax.lax.dynamic_index_in_dim(a, jnp.maximum(k - 1, 0), keepdims=False)),
+                state0,
+                states,
+            )
             dt_k = jnp.asarray(dt_arr if dt_k is None else dt_k, dtype)
             cs = consts if consts is not None else adj.model_constants(model, dt_k)
             lam, acc, wrench_bar, dt_bar = adj.step_vjp(cs, c0, c1, ok_k, dt_k, lam, ct1, rot_bar, acc, packed.attitude)
             return (lam, acc), (wrench_bar, dt_bar)
 
         lam0 = jnp.zeros((14, *batch), dtype)
-        acc0 = jnp.zeros((50, *batch), dtype)
-        xs = (prev, states, ok, ct_states, ct_info.rotation, dt_arr if per_step_dt else None, xs_load)
+        acc0 = tuple(jnp.zeros((k, *batch), dtype) for k in adj.ACC_SIZES)
+        xs = (jnp.arange(n), states, ok, ct_states, ct_info.rotation, dt_arr if per_step_dt else None, xs_load)
         (lam, acc), (wrench_bar, dt_bar) = jax.lax.scan(back, (lam0, acc0), xs, length=n, reverse=True)
-        m_bar, J_bar, R_bar, g_bar = adj.unflatten_params(tuple(acc[:49]))
+        m_bar, J_bar, R_bar, g_bar = adj.unflatten_params(acc)
         model_bar = eqx.tree_at(
             lambda b: (b.mass, b.inertia, b.resistance, b.gravity),
             model,
@@ -301,7 +307,7 @@ def _discrete_adjoint_scan(packed, body, model, carry0, dt_arr, xs_load, n):
         if per_step_dt:
             dt_bar_out = jnp.sum(dt_bar.reshape(n, -1), -1).astype(dt_arr.dtype)
         else:
-            dt_bar_out = jnp.sum(acc[49]).astype(dt_arr.dtype)
+            dt_bar_out = jnp.sum(acc[4]).astype(dt_arr.dtype)
         load_bar = None
         if xs_load is not None:
             wb = jnp.stack(wrench_bar, -1)  # (n, *batch, 6); each step's load broadcast to (*batch, 6)
