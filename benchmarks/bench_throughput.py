@@ -8,7 +8,7 @@ N copies of the standard torque-free body (``I = diag(1, 2, 3)``, ``omega0 = (0.
 
 * rigidjax steppers (``midpoint`` = the library's step, ``midpoint-final`` = the same with
   ``save_every=n_steps`` (initial and final state kept, as the peers' runs below),
-  ``euler-parameters-final`` likewise,
+  ``euler-parameters-final`` and ``variational-final`` likewise,
   ``midpoint-lu`` = the same step with
   a batched LAPACK solve on ``(N, 6, 6)`` and array-of-structures layout (the layout
   baseline), ``euler-parameters`` (generalized-alpha, Newton), ``variational`` (DEL,
@@ -40,7 +40,8 @@ QUICK_SIZES = [1, 64, 1024]
 # body-steps per measurement (n_steps = work / N, clipped): ~1 s of the slowest stepper
 WORK = {
     "midpoint": 8_000_000, "midpoint-final": 20_000_000, "midpoint-lu": 1_000_000,
-    "euler-parameters": 1_000_000, "euler-parameters-final": 1_000_000, "variational": 100_000,
+    "euler-parameters": 1_000_000, "euler-parameters-final": 1_000_000, "variational": 1_000_000,
+    "variational-final": 1_000_000,
 }
 MIN_STEPS, MAX_STEPS = 10, 2000
 
@@ -194,7 +195,10 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes and few steps (a smoke run)")
     ap.add_argument("--sizes", default=None, help="comma-separated ensemble sizes N")
-    ap.add_argument("--steppers", default="midpoint,midpoint-final,midpoint-lu,euler-parameters,variational")
+    ap.add_argument(
+        "--steppers",
+        default="midpoint,midpoint-final,midpoint-lu,euler-parameters,euler-parameters-final,variational,variational-final",
+    )
     ap.add_argument("--dtypes", default="float64,float32")
     ap.add_argument("--no-peers", action="store_true", help="skip MuJoCo MJX and Exudyn")
     ap.add_argument("--mjx-dtypes", default="float32", help="MJX precisions to run (MJX's default is float32)")
@@ -258,7 +262,8 @@ def main(argv=None) -> dict:
                 "midpoint (trajectory) f64 / Exudyn": ratio(mid64, exu_),
                 "EP-final f64 / Exudyn": ratio(get("rigidjax euler-parameters-final", "float64"), exu_),
                 "EP (trajectory) f64 / Exudyn": ratio(get("rigidjax euler-parameters", "float64"), exu_),
-                "VI f64 / Exudyn": ratio(get("rigidjax variational", "float64"), exu_),
+                "VI-final f64 / Exudyn": ratio(get("rigidjax variational-final", "float64"), exu_),
+                "VI (trajectory) f64 / Exudyn": ratio(get("rigidjax variational", "float64"), exu_),
                 "midpoint / midpoint-lu (f64)": ratio(mid64, lu64),
             }
         )

@@ -74,7 +74,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import so3
-from ._util import is_concrete, materialize_chunks, unwrap_partial, where_tree
+from ._util import is_concrete, materialize, materialize_chunks, unwrap_partial, where_tree
 from .body import RigidBody
 from .info import Status, StepInfo, check, make_info
 from .linalg import solve_components, solve_small, solve_small_pivots
@@ -1268,6 +1268,7 @@ def _packed_ep_step(
             it, z, _, _, _ = c
             r, A = newton_matrix(z)
             d, piv = solve_components(A, list(r), materialize_b=True)
+            d = materialize(*d)  # one loop for the back substitution (else one per consumer)
             z1 = tuple(zi - di for zi, di in zip(z, d))
             pivots = jnp.stack(piv, -1)  # (..., [nb,] n): the system's pivots, as ep_step's one LU
             sing = linalg_singular(pivots if one else pivots.reshape(*pivots.shape[:-2], -1))

@@ -95,16 +95,17 @@ def _eliminate(A, B):
     return jnp.stack(x), jnp.abs(jnp.stack([u[0] for u in urows]))
 
 
-def _back_substitute(urows, rrows):
+def _back_substitute(urows, rrows, inverse_pivots=None):
     """``x`` (list of ``n``) from the rows of ``U`` (row ``i`` holds ``U_ii, U_i,i+1, ...``) and
-    the eliminated right-hand sides; entries may be arrays or per-entry lists."""
+    the eliminated right-hand sides; entries may be arrays or per-entry lists. With
+    ``inverse_pivots`` (``1 / U_ii``) it multiplies instead of dividing."""
     n = len(rrows)
     x = [None] * n
     for i in reversed(range(n)):
         s = rrows[i]
         for j in range(i + 1, n):
             s = s - urows[i][j - i] * x[j]
-        x[i] = s / urows[i][0]
+        x[i] = s / urows[i][0] if inverse_pivots is None else s * inverse_pivots[i]
     return x
 
 
@@ -241,7 +242,7 @@ def solve_components(A, b, *, materialize_b: bool = False):
         dtype = jnp.result_type(dtype, jnp.float32)
     S = [[jnp.asarray(a, dtype) for a in row] for row in A]  # active block, m x m
     R = [jnp.asarray(v, dtype) for v in b]
-    urows, rrows = [], []
+    urows, rrows, invs = [], [], []
     for k in range(n):
         m = n - k
         # first entry of largest magnitude (LAPACK idamax; argmax's NaN rule)
@@ -257,25 +258,27 @@ def solve_components(A, b, *, materialize_b: bool = False):
             sel = p == i
             prow = [jnp.where(sel, s, t) for s, t in zip(S[i], prow)]
             rrow = jnp.where(sel, R[i], rrow)
-        if m > 1:
-            # by default only what depends on A is materialised: the solve stays linear
-            # (transposable) in b
-            if materialize_b:
-                p, rrow, *prow = materialize(p, rrow, *prow)
-            else:
-                p, *prow = materialize(p, *prow)
+        # the reciprocal pivot, stored with the pivot row: the multipliers and the back
+        # substitution multiply by it (a division XLA would not duplicate into the stage loops
+        # compiles to one extra small loop per row); an all-zero column: multipliers 0, as LAPACK
+        inv = 1 / jnp.where(prow[0] == 0, jnp.ones_like(prow[0]), prow[0])
+        # by default only what depends on A is materialised: the solve stays linear
+        # (transposable) in b
+        if materialize_b:
+            p, inv, rrow, *prow = materialize(p, inv, rrow, *prow)
+        else:
+            p, inv, *prow = materialize(p, inv, *prow)
         urows.append(list(prow))
         rrows.append(rrow)
+        invs.append(inv)
         if m == 1:
             break
-        piv = prow[0]
-        safe = jnp.where(piv == 0, jnp.ones_like(piv), piv)  # an all-zero column: multipliers 0
         S_new, R_new = [], []
         for i in range(1, m):
             sel = p == i  # row i moves to the pivot's place, row 0 to row i's
             row = [jnp.where(sel, s0, s) for s0, s in zip(S[0], S[i])]
             r = jnp.where(sel, R[0], R[i])
-            l = row[0] / safe
+            l = row[0] * inv
             S_new.append([row[j] - l * prow[j] for j in range(1, m)])
             R_new.append(r - l * rrow)
         if materialize_b:
@@ -285,5 +288,6 @@ def solve_components(A, b, *, materialize_b: bool = False):
             flat = materialize(*[a for row in S_new for a in row])
             R = R_new
         S = [list(flat[i * (m - 1) : (i + 1) * (m - 1)]) for i in range(m - 1)]
-    x = _back_substitute(urows, rrows)
+    # a zero pivot divides (inf/NaN, as the array form), the reciprocal of 1 would hide it
+    x = _back_substitute(urows, rrows, [jnp.where(u[0] == 0, 1 / u[0], v) for u, v in zip(urows, invs)])
     return tuple(x), tuple(jnp.abs(u[0]) for u in urows)

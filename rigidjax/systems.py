@@ -655,6 +655,10 @@ def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, m
             run = running(it, z, conv, sing)
             r, A = newton_matrix(z)
             d, piv = solve_components(A, [-x for x in r], materialize_b=True)
+            # one loop for the back substitution and the running flag (else every consumer
+            # recomputes them: XLA:CPU fuses producers into each consumer)
+            *d, run = materialize(*d, run.astype(dtype))
+            run = run > 0.5
             z1 = tuple(zi + di for zi, di in zip(z, d))
             conv1 = functools.reduce(
                 jnp.logical_and, [jnp.abs(di) <= atol + rtol * jnp.abs(zi) for di, zi in zip(d, z1)]
@@ -687,16 +691,17 @@ def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, m
 
     q2 = z[:7]
     em, ed, xd = midpoint(z)
-    p2 = momentum(em, ed, xd)
-    new = VICarry(
-        time=carry.time + h, q=q2, p=p2, lam=z[7], qdot=tuple((q2[i] - q1[i]) / h for i in range(7))
-    )
+    # the new state in one loop (each select below would otherwise recompute all of it)
+    flat = materialize(*momentum(em, ed, xd), *((q2[i] - q1[i]) / h for i in range(7)))
+    p2, qd2 = flat[:7], flat[7:]
+    new = VICarry(time=carry.time + h, q=q2, p=p2, lam=z[7], qdot=qd2)
     finite = functools.reduce(jnp.logical_and, [jnp.isfinite(c) for c in (*q2, *p2, z[7])])
     status = jnp.where(
         sing, Status.SINGULAR, jnp.where(~finite, Status.NONFINITE, jnp.where(converged, Status.SUCCESS, Status.MAX_ITERATIONS))
     )
     status = jnp.where(act, status, Status.SUCCESS)
     ok = (status == Status.SUCCESS) & act
+    ok = materialize(ok.astype(dtype))[0] > 0.5  # once, not inside each of the 22 selects
     res = residual(*midpoint(jax.lax.stop_gradient(z)), jax.lax.stop_gradient(z[3:7]), jax.lax.stop_gradient(z[7]))
     res = jnp.sqrt(sum(x * x for x in res))
     # the rotation of variational._input_rotation: a probe step along the input velocity
