@@ -1,11 +1,8 @@
 """Benchmark: fit every kept flip of the shared racquet recordings, rigidjax vs a SciPy baseline.
 
-    python -m benchmarks.bench_fit [--data DIR] [--baseline-segments N] [--starts K]
-                                   [--stepper decoupled|midpoint] [--quick]
+    python -m benchmarks.bench_fit [--data DIR] [--baseline-segments N] [--starts K] [--quick]
 
-``--stepper`` picks the fits' stepper (default ``decoupled``: :func:`rigidjax.identify.decoupled_midpoint_step`,
-the fits' default; ``midpoint``: :func:`rigidjax.midpoint_step`, same estimates to round-off),
-for A/B runs; ``--quick`` fits 12 evenly spaced flips and 2 baseline segments.
+``--quick`` fits 12 evenly spaced flips and 2 baseline segments.
 
 Both fit, per segment, the same model (principal moments along the phone axes, up to scale,
 plus the initial angular velocity) to the measured body rates at the measured timestamps:
@@ -78,7 +75,6 @@ def main(argv=None) -> int:
         help="fit N evenly spaced segments with SciPy and extrapolate to all (default 8; 0 = all)",
     )
     ap.add_argument("--starts", type=int, default=4)
-    ap.add_argument("--stepper", choices=("decoupled", "midpoint"), default="decoupled")
     ap.add_argument("--quick", action="store_true", help="12 evenly spaced flips, 2 baseline segments")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_fit.json"))
     args = ap.parse_args(argv)
@@ -86,10 +82,8 @@ def main(argv=None) -> int:
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    from rigidjax.identify import _Spec, _equation_error_guess, decoupled_midpoint_step, fit_inertia
+    from rigidjax.identify import _Spec, _equation_error_guess, fit_inertia
     from rigidjax.midpoint import midpoint_step
-
-    stepper = {"decoupled": decoupled_midpoint_step, "midpoint": midpoint_step}[args.stepper]
     from rigidjax.io import load_phyphox
 
     data = Path(args.data) if args.data else _default_data()
@@ -113,12 +107,12 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            fit = fit_inertia(ss, starts=args.starts, stepper=stepper, **kw)
+            fit = fit_inertia(ss, starts=args.starts, **kw)
         cold = time.perf_counter() - t0
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            fit = fit_inertia(ss, starts=args.starts, stepper=stepper, **kw)
+            fit = fit_inertia(ss, starts=args.starts, **kw)
         warm = time.perf_counter() - t0
         rows[f"rigidjax {label}"] = {
             "cold_s": cold, "warm_s": warm, "Ix/Iy": fit.estimates["Ix/Iy"], "Iz/Iy": fit.estimates["Iz/Iy"],
@@ -131,7 +125,7 @@ def main(argv=None) -> int:
     n_base = len(segs) if args.baseline_segments <= 0 else min(args.baseline_segments, len(segs))
     pick = np.unique(np.linspace(0, len(segs) - 1, n_base).round().astype(int))  # spread over recordings
     n_base = pick.size
-    spec = _Spec(False, None, False, 1, stepper)
+    spec = _Spec(False, None, False, 1, midpoint_step)
     base = []
     t0 = time.perf_counter()
     for s in (segs[i] for i in pick):
@@ -180,7 +174,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(
-        {"rows": rows, "summary": summary, "data": str(data), "jax": jax.__version__, "stepper": args.stepper,
+        {"rows": rows, "summary": summary, "data": str(data), "jax": jax.__version__,
          "quick": args.quick}, indent=2,
     ))
     print(f"wrote {out}")

@@ -5,11 +5,8 @@ Model (body = sensor frame): the torque-free Euler equations with an angular res
 .. math::  I\dot\omega = -\omega\times I\omega - D\,\omega, \qquad
            \omega_\text{measured}(t_i) = \omega(t_i) + b + \text{noise},
 
-simulated with :func:`rigidjax.rollout` of any stepper (default :func:`decoupled_midpoint_step`,
-the seed's midpoint step with its 6x6 system split into closed-form 3x3 blocks: the same states
-as :func:`rigidjax.midpoint_step` to round-off for uncoupled resistance, and under the fits'
-batched forward-mode Jacobian 5-7x faster than it on CPU: warm fits 3-6x, see its docstring)
-over the MEASURED sample intervals ``diff(t)`` (optionally ``substeps`` equal sub-steps each),
+simulated with :func:`rigidjax.rollout` of any stepper (default :func:`rigidjax.midpoint_step`,
+the seed's linearly implicit midpoint step) over the MEASURED sample intervals ``diff(t)`` (optionally ``substeps`` equal sub-steps each),
 and compared at the measured timestamps. Least squares in the body angular velocity (rad/s).
 
 Unknowns: the inertia tensor in sensor axes, either principal moments along the sensor axes
@@ -67,7 +64,6 @@ import math
 import warnings
 from typing import Any, Callable, Sequence
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -76,13 +72,11 @@ from scipy.spatial.transform import Rotation
 from . import so3
 from .body import RigidBody, RigidBodyState
 from .io import DataError, Segment, load
-from ._util import where_tree
-from .info import Status, make_info
-from .midpoint import gyroscopic_jacobian, midpoint_step
+from .midpoint import midpoint_step
 from .rollout import rollout
 
 __all__ = [
-    "InertiaFit", "FitError", "fit_inertia", "simulate_omega", "decoupled_midpoint_step", "parse_scale", "STATUS",
+    "InertiaFit", "FitError", "fit_inertia", "simulate_omega", "parse_scale", "STATUS",
     "POOR_FIT", "UNIDENTIFIABLE",
 ]
 
@@ -180,104 +174,6 @@ def _latent_to_phys(sh, spec: _Spec):
     return out
 
 
-def _inv3(A):
-    """Inverse of (…, 3, 3) by cofactors (closed form: no LAPACK call inside the scan)."""
-    c0 = jnp.cross(A[..., 1, :], A[..., 2, :])
-    c1 = jnp.cross(A[..., 2, :], A[..., 0, :])
-    c2 = jnp.cross(A[..., 0, :], A[..., 1, :])
-    det = jnp.sum(A[..., 0, :] * c0, -1)
-    return jnp.stack([c0, c1, c2], -1) / det[..., None, None]
-
-
-def decoupled_midpoint_step(
-    body: RigidBody,
-    state: RigidBodyState,
-    wrench,
-    dt,
-    *,
-    attitude: str = "new",
-    max_rotation: float = 0.5,
-):
-    r"""The seed's linearly implicit midpoint step (:func:`rigidjax.midpoint_step`, seed 000) for
-    bodies whose resistance does not couple translation and rotation.
-
-    With ``R = blockdiag(R_vv, R_ww)`` the step's 6x6 system splits into two 3x3 blocks,
-
-    .. math:: \omega' = \omega + \Big(\frac{I}{\Delta t} + R_{\omega\omega} - \tfrac12 K\Big)^{-1}
-              (\tau - \omega\times I\omega - R_{\omega\omega}\omega),\quad
-              v' = v + \Big(\frac{m}{\Delta t} + R_{vv}\Big)^{-1}(f + m g - R_{vv} v),
-
-    solved in closed form (cofactors); it gives the same states as :func:`rigidjax.midpoint_step`
-    to round-off. Why it is still the fits' default (measured 2026-11-30, 2 shared CPU cores,
-    float64, best of 3): the fits differentiate ``jax.vmap(jax.jacfwd(rollout))`` (15 tangents x
-    32 segments x 127 steps), where this step takes 16-19 ms against ``midpoint_step``'s
-    102-135 ms (a joint demo fit: 0.6 s warm against 3.7 s; 12 real flips per segment: 0.8 s
-    against 2.3 s). ``midpoint_step`` differentiates its array-form reference step, whose
-    matrix products (broadcast-multiply-sum) and full 6x6 twist/attitude tangents cost several
-    times more under two batch axes; its single-trajectory forward pass is within 1.5x. The off-diagonal
-    blocks ``R[:3, 3:]``, ``R[3:, :3]`` are IGNORED: use :func:`rigidjax.midpoint_step` for
-    coupled resistance. Same signature, options, status and failure semantics as
-    :func:`rigidjax.midpoint_step` (a non-finite result returns the input state with
-    ``Status.NONFINITE``; ``|omega| dt > max_rotation`` is flagged ``ROTATION_LIMIT``).
-
-    Args:
-        body: :class:`rigidjax.RigidBody`.
-        state: :class:`rigidjax.RigidBodyState`.
-        wrench: ``(6,)`` (force WORLD N, torque BODY N m) or ``None``.
-        dt: s, > 0.
-        attitude: ``"new"`` (seed) or ``"midpoint"``, as in :func:`rigidjax.midpoint_step`.
-        max_rotation: rad.
-
-    Returns:
-        ``(new_state, StepInfo)``.
-    """
-    if attitude not in ("new", "midpoint"):
-        raise ValueError(f"attitude must be 'new' or 'midpoint'; got {attitude!r}")
-    dtype = state.angular_velocity.dtype
-    dt = jnp.asarray(dt, dtype)
-    w = state.angular_velocity
-    v = state.velocity
-    inertia = body.inertia
-    R = body.resistance
-    Rvv, Rww = R[..., :3, :3], R[..., 3:, 3:]
-    mass = jnp.asarray(body.mass, dtype)[..., None]
-    force = mass * body.gravity
-    torque = jnp.zeros_like(w)
-    if wrench is not None:
-        wrench = jnp.asarray(wrench, dtype)
-        force = force + wrench[..., :3]
-        torque = torque + wrench[..., 3:]
-
-    def apply(A, x):
-        return jnp.einsum("...ij,...j->...i", A, x)
-
-    K = gyroscopic_jacobian(inertia, w)
-    Aw = inertia / dt[..., None, None] + Rww - 0.5 * K
-    w1 = w + apply(_inv3(Aw), torque - jnp.cross(w, apply(inertia, w)) - apply(Rww, w))
-    Av = mass[..., None] * jnp.eye(3, dtype=dtype) / dt[..., None, None] + Rvv
-    v1 = v + apply(_inv3(Av), force - apply(Rvv, v))
-    x1 = state.position + dt[..., None] * v1
-    w_att = w1 if attitude == "new" else 0.5 * (w + w1)
-    q1 = so3.normalize(so3.multiply(state.orientation, so3.exp(dt[..., None] * w_att)))
-    new = eqx.tree_at(
-        lambda s: (s.time, s.position, s.orientation, s.velocity, s.angular_velocity),
-        state,
-        (state.time + dt, x1, q1, v1, w1),
-    )
-    finite = (
-        jnp.all(jnp.isfinite(w1), -1) & jnp.all(jnp.isfinite(v1), -1) & jnp.all(jnp.isfinite(q1), -1)
-        & jnp.all(jnp.isfinite(x1), -1)
-    )
-    new = where_tree(finite, new, state)
-    rotation = jnp.maximum(so3.safe_norm(w), so3.safe_norm(w1)) * dt
-    rotation = jnp.where(finite, rotation, so3.safe_norm(w) * dt)
-    status = jnp.where(
-        finite, jnp.where(rotation > max_rotation, Status.ROTATION_LIMIT, Status.SUCCESS), Status.NONFINITE
-    )
-    info = make_info(status, jnp.ones_like(status), jnp.zeros_like(rotation), rotation)
-    return new, info
-
-
 def simulate_omega(inertia, omega0, t, *, drag=None, bias=None, stepper: Callable | None = None, substeps: int = 1):
     """Body angular velocity of the torque-free body with angular resistance at the times ``t``.
 
@@ -291,7 +187,7 @@ def simulate_omega(inertia, omega0, t, *, drag=None, bias=None, stepper: Callabl
         drag: ``None``, a scalar (``c I_3``) or ``(3,)`` diagonal angular resistance, N m s.
         bias: ``(3,)`` added to the output (gyroscope bias), rad/s.
         stepper: any rigidjax stepper ``step(body, state, wrench, dt)``; default
-            :func:`decoupled_midpoint_step`.
+            :func:`rigidjax.midpoint_step`.
         substeps: equal sub-steps per sample interval.
 
     Returns:
@@ -306,7 +202,7 @@ def simulate_omega(inertia, omega0, t, *, drag=None, bias=None, stepper: Callabl
     d = jnp.zeros(3, dtype) if drag is None else jnp.broadcast_to(jnp.asarray(drag, dtype), (3,))
     t = jnp.asarray(t, dtype)
     dt = jnp.repeat(jnp.diff(t) / substeps, substeps)
-    w, ok = _simulate(inertia, d, omega0.astype(dtype), dt, stepper or decoupled_midpoint_step, substeps)
+    w, ok = _simulate(inertia, d, omega0.astype(dtype), dt, stepper or midpoint_step, substeps)
     if bias is not None:
         w = w + jnp.asarray(bias, dtype)
     return w, ok
@@ -1287,9 +1183,9 @@ def fit_inertia(
         scale: a known value fixing the scale: ``"Iy=1.3911e-3"``, ``{"Iy": ...}``,
             ``("trace", ...)`` (kg m^2); without it only ratios are reported.
         stepper: any rigidjax stepper ``step(body, state, wrench, dt) -> (state, info)``
-            (bind options with ``functools.partial``); default :func:`decoupled_midpoint_step`
-            (identical to :func:`rigidjax.midpoint_step` here to round-off, as the drag does not
-            couple translation and rotation, and 3-6x faster for these fits: see its docstring).
+            (bind options with ``functools.partial``); default :func:`rigidjax.midpoint_step`
+            (seed 000; its forward-mode Jacobians, what the fits evaluate, come from a
+            hand-written JVP).
         substeps: equal sub-steps per measured sample interval (accuracy of the model). The
             step error is estimated after the fit (Richardson: ``substeps`` vs ``2 substeps``),
             converted into the shift it causes in every estimate (in standard errors, reported
@@ -1352,7 +1248,7 @@ def fit_inertia(
         raise FitError(f"starts must be an integer >= 1; got {starts!r}")
     scale = parse_scale(scale)
     if stepper is None:
-        stepper = decoupled_midpoint_step
+        stepper = midpoint_step
     if not callable(stepper):
         raise FitError(f"stepper must be a rigidjax stepper (callable); got {stepper!r}")
     spec = _Spec(bool(tensor), drag, bool(bias), int(substeps), stepper)

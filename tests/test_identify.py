@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from rigidjax.body import RigidBody, RigidBodyState
-from rigidjax.identify import FitError, decoupled_midpoint_step, fit_inertia, simulate_omega
+from rigidjax.identify import FitError, fit_inertia, simulate_omega
 from rigidjax.io import DataError, Segment, load_phyphox
 from rigidjax.reference import torque_free_omega
 from rigidjax.synthetic import synthesize_recording
@@ -173,43 +173,6 @@ def test_step_error_shift_predicts_the_refit(tmp_path):
         # first order in the shift, and Richardson with the asymptotic order 2 (the measured
         # error ratio per halving is ~5, not 4, at |omega| dt ~ 0.1): 25 % + 0.1 standard error
         assert m == pytest.approx(predicted, abs=0.25 * abs(predicted) + 0.1), (key, m, predicted)
-
-
-def _hat(v):
-    return np.array([[0, -v[2], v[1]], [v[2], 0, -v[0]], [-v[1], v[0], 0]])
-
-
-def test_decoupled_step_is_the_seeds_midpoint_system():
-    # independent truth: the seed's 6x6 linearly implicit midpoint system (rigidjax.midpoint
-    # docstring, seed 000) assembled and solved by NumPy, attitude by SciPy rotations
-    from scipy.spatial.transform import Rotation
-
-    m, g, dt = 1.3, np.array([0, 0, -9.81]), 0.01
-    inertia = np.array([[2.0, 0.1, 0.0], [0.1, 1.0, 0.2], [0.0, 0.2, 2.5]])
-    R = np.diag([0.3, 0.2, 0.1, 2e-3, 1e-3, 3e-3])
-    wrench = np.array([0.1, 0.0, 0.0, 0.01, 0.0, -0.02])
-    v, w = np.array([1.0, 0.0, 3.0]), np.array([0.2, 5.0, 0.3])
-    q0 = np.array([0.9, 0.1, -0.3, 0.2]) / np.linalg.norm([0.9, 0.1, -0.3, 0.2])
-    body = RigidBody(m, inertia, resistance=R, gravity=g)
-    state = RigidBodyState(velocity=v, angular_velocity=w, orientation=q0, position=np.array([0.5, 0, 0]))
-    K = _hat(inertia @ w) - _hat(w) @ inertia
-    M = np.zeros((6, 6))
-    M[:3, :3], M[3:, 3:] = m * np.eye(3), inertia
-    A = M / dt + R
-    A[3:, 3:] -= 0.5 * K
-    F = np.concatenate([m * g + wrench[:3], wrench[3:] - np.cross(w, inertia @ w)])
-    V1 = np.concatenate([v, w]) + np.linalg.solve(A, F - R @ np.concatenate([v, w]))
-    rot0 = Rotation.from_quat(np.roll(q0, -1))  # scipy: scalar last
-    for attitude, w_att in (("new", V1[3:]), ("midpoint", 0.5 * (w + V1[3:]))):
-        new, info = jax.jit(decoupled_midpoint_step, static_argnames="attitude")(body, state, wrench, dt, attitude=attitude)
-        # one step, float64: agreement to round-off
-        np.testing.assert_allclose(new.velocity, V1[:3], rtol=0, atol=1e-12)
-        np.testing.assert_allclose(new.angular_velocity, V1[3:], rtol=0, atol=1e-12)
-        np.testing.assert_allclose(new.position, [0.5, 0, 0] + dt * V1[:3], rtol=0, atol=1e-12)
-        expected = (rot0 * Rotation.from_rotvec(dt * w_att)).as_matrix()
-        got = Rotation.from_quat(np.roll(np.asarray(new.orientation), -1)).as_matrix()
-        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-12)
-        assert int(info.status) == 0 and float(info.rotation) == pytest.approx(dt * max(np.linalg.norm(w), np.linalg.norm(V1[3:])))
 
 
 # ----------------------------------------------------------------------------- bad input
