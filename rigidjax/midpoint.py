@@ -355,7 +355,7 @@ def _exp_factors(phi, eps):
     return re, im, dre, dim
 
 
-def _core_linearized(primals, tangents, attitude):
+def _core_linearized(primals, tangents, attitude, ok):
     r"""The step in array form and its tangent (the JVP of :func:`_core_fast`), derived by hand.
 
     With ``A dV = rhs``, ``A = M/dt + R - K(omega)/2``, ``rhs = F - [0; omega x I omega] - R V``:
@@ -370,10 +370,11 @@ def _core_linearized(primals, tangents, attitude):
     ``d (sin(th/2)/th) / d th^2 = (cos(th/2)/2 - sin(th/2)/th) / (2 th^2)``. The acceptance
     selection and the rotation measure are differentiated by ``jax.jvp`` of :func:`_finalize`.
     Checked against central finite differences (tests/test_midpoint_layout.py,
-    tests/test_adjoint.py). Returns ``(out, tangent_out)`` in :func:`_finalize`'s structure;
-    ``out`` equals :func:`_core_fast`'s to round-off.
+    tests/test_adjoint.py). ``ok``: the primal step's acceptance flag. Returns ``(out,
+    tangent_out)`` in :func:`_finalize`'s structure (``out`` equals :func:`_core_fast`'s where
+    ``ok``, to round-off).
     """
-    body, t, x, q, v, omega, wrench, dt, active = primals
+    body, t, x, q, v, omega, wrench, dt, _ = primals
     tbody, t_t, x_t, q_t, v_t, w_t, wrench_t, dt_t, _ = tangents
     dtype = omega[0].dtype
     eps = get_epsilon(jnp.dtype(dtype))
@@ -398,13 +399,10 @@ def _core_linearized(primals, tangents, attitude):
         q1 = _aquat_mul(Q[..., 0], Q[..., 1:], re, im[..., None] * phi)
         return V1, X + dt3 * V1[..., :3], phi, (re, im, dre, dim), q1, jnp.sqrt(jnp.sum(q1 * q1, -1))
 
-    dV = solve(F - _amv(R, V))
-    V1, x1, _, _, q1, n = advance(dV)
-    finite = jnp.all(jnp.isfinite(jnp.concatenate([V1, x1, q1, n[..., None]], -1)), -1) & (n > 0)
-    ok = finite if active is None else finite & active
-    # a rejected member keeps its old state: its increment is replaced by 0 before the tangent
-    # is formed, so no 0 * NaN (e.g. from a NaN wrench) reaches the other members' gradients
-    dV = jnp.where(ok[..., None], dV, 0)
+    # ``ok``: the acceptance flag of the primal step. A rejected member keeps its old state:
+    # its increment is replaced by 0 before the tangent is formed, so no 0 * NaN (e.g. from a
+    # NaN wrench) reaches the other members' gradients
+    dV = jnp.where(ok[..., None], solve(F - _amv(R, V)), 0)
     V1, x1, phi, (re, im, dre, dim), q1, n = advance(dV)
     # tangent: A d(dV) = d(rhs) - dA dV, with dA = dM/dt - M ddt/dt^2 + dR - dK/2
     Jw_t = _amv(J_t, W) + _amv(J, W_t)
@@ -451,10 +449,11 @@ def _core(body, t, x, q, v, omega, wrench, dt, active, attitude):
 
 @_core.defjvp
 def _core_jvp(attitude, primals, tangents):
-    # the primal comes from the array form too: one graph for value and tangent (the
-    # structure-of-arrays primal alongside doubled the traced and compiled size)
+    # the primal from the structure-of-arrays step (its few fused loops are cheaper than the
+    # array form's many small kernels when there are few tangents), the tangent in array form
+    out = _core_fast(*primals, attitude)
     tangents = (*tangents[:8], np.zeros(jnp.shape(primals[8]), jax.dtypes.float0))
-    return _core_linearized(primals, tangents, attitude)
+    return out, _core_linearized(primals, tangents, attitude, out[-1])[1]
 
 
 class MidpointCarry(eqx.Module):
