@@ -2,7 +2,7 @@
 
 Truths: central finite differences of the rollout itself, and autodiff through the scan
 (``adjoint=None``), whose derivative comes from a separately written array-form step
-(``midpoint._core_reference``), not from the sweep's formulas.
+(``midpoint._core_linearized``, the step's hand-written JVP), not from the sweep's formulas.
 """
 
 from __future__ import annotations
