@@ -539,10 +539,13 @@ def _free_body_del(body, resistance, q1, p1, u, h, c_minus, c_plus):
     """
     from .euler_parameters import _gb, _gt, _mv3
 
-    m = body.mass
-    J = tuple(tuple(body.inertia[i, j] for j in range(3)) for i in range(3))
-    R = tuple(tuple(resistance[i, j] for j in range(6)) for i in range(6))
-    g = tuple(body.gravity[i] for i in range(3))
+    dtype = q1[0].dtype  # the state's precision, as vi_step (the model may be float64)
+    m = jnp.asarray(body.mass, dtype)
+    # the symmetric part, as autodiff of 1/2 omega.I omega uses: symmetric inertia gradients
+    Is = (0.5 * (body.inertia + jnp.swapaxes(body.inertia, -1, -2))).astype(dtype)
+    J = tuple(tuple(Is[i, j] for j in range(3)) for i in range(3))
+    R = tuple(tuple(resistance[i, j].astype(dtype) for j in range(6)) for i in range(6))
+    g = tuple(body.gravity[i].astype(dtype) for i in range(3))
     e1 = q1[3:]
 
     def parts(em, ed, xd):
@@ -595,6 +598,10 @@ def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, m
     body = system.lagrangian.body
     u = jnp.zeros((6,), dtype) if inputs is None else jnp.asarray(inputs, dtype)
     u = tuple(u[..., i] for i in range(6))
+    # a non-finite wrench fails the step (NONFINITE below); it is replaced by 0 so that no NaN
+    # enters the linearisation, whose coefficients reach the shared parameters' gradients
+    u_ok = functools.reduce(jnp.logical_and, [jnp.isfinite(c) for c in u])
+    u = tuple(jnp.where(u_ok, c, 0) for c in u)
     c_minus, c_plus = (1.0, 0.0) if forcing_split == "left" else (0.5, 0.5)
     q1, p1, lam1, qd1 = carry.q, carry.p, carry.lam, carry.qdot
     residual, momentum = _free_body_del(body, system.forcing.body.resistance, q1, p1, u, h, c_minus, c_plus)
@@ -672,7 +679,11 @@ def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, m
             jnp.zeros(batch, bool), ~jnp.broadcast_to(act, batch),  # inactive: stopped from the start
         )
         it, z, conv, sing = jax.lax.while_loop(cond, body_fn, init)
-        return z, (it.astype(dtype), conv.astype(dtype), sing.astype(dtype))
+        # a member that failed (status set below) keeps a finite point: custom_root linearises
+        # there, and a NaN would reach every shared parameter's gradient (0 * NaN)
+        nonfinite = ~functools.reduce(jnp.logical_and, [jnp.isfinite(c) for c in z])
+        z = tuple(jnp.where(sing | nonfinite, b, a) for a, b in zip(z, z0))
+        return z, (it.astype(dtype), conv.astype(dtype), sing.astype(dtype), nonfinite.astype(dtype))
 
     def tangent_solve(g, y):
         # block diagonal over the members: one column per unknown for all at once
@@ -680,14 +691,17 @@ def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, m
         eye = jnp.eye(8, dtype=y[0].dtype).reshape((8, 8) + (1,) * jnp.ndim(y[0]))
         rows = jax.vmap(g)(tuple(jnp.broadcast_to(eye[k], (8, *jnp.shape(y[0]))) for k in range(8)))
         A = jnp.stack([jnp.moveaxis(r, 0, -1) for r in rows], -2)  # (..., 8, 8)
-        x = solve_small(A, jnp.stack(y, -1))
+        # failed members (non-finite matrix, e.g. a NaN load) get a zero tangent, not NaN
+        ok = jnp.all(jnp.isfinite(A), (-2, -1))
+        A = jnp.where(ok[..., None, None], A, jnp.eye(8, dtype=A.dtype))
+        x = solve_small(A, jnp.where(ok[..., None], jnp.stack(y, -1), 0))
         return tuple(x[..., k] for k in range(8))
 
     z0 = tuple(q1[i] + h * qd1[i] for i in range(7)) + (lam1,)
     z, aux = jax.lax.custom_root(full, z0, newton, tangent_solve, has_aux=True)
     aux = jax.lax.stop_gradient(aux)
     iterations = aux[0].astype(jnp.int32)
-    converged, sing = aux[1] > 0.5, aux[2] > 0.5
+    converged, sing, nonfinite = aux[1] > 0.5, aux[2] > 0.5, aux[3] > 0.5
 
     q2 = z[:7]
     em, ed, xd = midpoint(z)
@@ -695,7 +709,7 @@ def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, m
     flat = materialize(*momentum(em, ed, xd), *((q2[i] - q1[i]) / h for i in range(7)))
     p2, qd2 = flat[:7], flat[7:]
     new = VICarry(time=carry.time + h, q=q2, p=p2, lam=z[7], qdot=qd2)
-    finite = functools.reduce(jnp.logical_and, [jnp.isfinite(c) for c in (*q2, *p2, z[7])])
+    finite = functools.reduce(jnp.logical_and, [jnp.isfinite(c) for c in (*q2, *p2, z[7])]) & ~nonfinite & u_ok
     status = jnp.where(
         sing, Status.SINGULAR, jnp.where(~finite, Status.NONFINITE, jnp.where(converged, Status.SUCCESS, Status.MAX_ITERATIONS))
     )
@@ -725,7 +739,8 @@ def packed_form(step, system):
     residual, the momentum and the 8x8 Newton matrix written in closed form on per-coordinate
     arrays (:func:`_free_body_del`) and eliminated entry by entry
     (:func:`rigidjax.linalg.solve_components`) instead of ``jax.jacfwd`` of ``jax.grad`` of
-    the discrete Lagrangian on ``(..., 7)`` arrays.
+    the discrete Lagrangian on ``(..., 7)`` arrays. As there, the inertia enters through its
+    symmetric part (symmetric gradients) and the model follows the state's dtype.
     """
     from ._util import unwrap_partial
     from .midpoint import PackedStep

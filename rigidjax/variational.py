@@ -564,6 +564,7 @@ class _NewtonAux(NamedTuple):
     iterations: jax.Array
     converged: jax.Array
     singular: jax.Array
+    nonfinite: jax.Array | bool = False
 
 
 def _newton(F, x0, rtol, atol, max_iter):
@@ -600,7 +601,10 @@ def _newton(F, x0, rtol, atol, max_iter):
 def _tangent_solve(g, y):
     # g is the (linear) Jacobian-vector product of the DEL residual: materialise and solve
     J = jax.jacfwd(g)(y)
-    return solve_small(J, y)
+    # a failed member (non-finite Jacobian) gets a zero tangent, not NaN: under vmap its NaN
+    # would otherwise reach every shared parameter's gradient (0 * NaN)
+    ok = jnp.all(jnp.isfinite(J))
+    return solve_small(jnp.where(ok, J, jnp.eye(J.shape[-1], dtype=J.dtype)), jnp.where(ok, y, 0))
 
 
 def _default_tol(dtype, rtol, atol):
@@ -617,12 +621,16 @@ def _solve_del(system, q1, p1, u, rho, t1, dt, guess, rtol, atol, max_iter, forc
 
     def solve(f, x0):
         x, aux = _newton(f, x0, rtol, atol, max_iter)
+        # a failed solve returns its guess (the step reports the failure and keeps its input
+        # state): custom_root linearises at x, which must stay finite (see _tangent_solve)
+        nonfinite = ~jnp.all(jnp.isfinite(x))
+        x = jnp.where(aux.singular | nonfinite, x0, x)
         # custom_root's JVP wants float auxiliary outputs (integer/bool tangents are rejected)
-        return x, jnp.stack([aux.iterations, aux.converged, aux.singular]).astype(x.dtype)
+        return x, jnp.stack([aux.iterations, aux.converged, aux.singular, nonfinite]).astype(x.dtype)
 
     x, aux = jax.lax.custom_root(F, guess, solve, _tangent_solve, has_aux=True)
     aux = jax.lax.stop_gradient(aux)
-    return x, _NewtonAux(aux[0].astype(jnp.int32), aux[1] > 0.5, aux[2] > 0.5)
+    return x, _NewtonAux(aux[0].astype(jnp.int32), aux[1] > 0.5, aux[2] > 0.5, aux[3] > 0.5)
 
 
 def _split_inputs(system, inputs, dtype, where="vi_step"):
@@ -677,6 +685,10 @@ def _input_rotation(system, q1, qdot, dt):
 def _step_single(system, state, u, rho, dt, rtol, atol, max_iter, forcing_split, max_rotation):
     q1, p1, t1 = state.q, state.p, state.time
     nd = system.n_dynamic
+    # a non-finite input fails the step (NONFINITE below); it is replaced by 0 so that no NaN
+    # enters the linearisation, whose coefficients reach the shared parameters' gradients
+    u_ok = jnp.all(jnp.isfinite(u)) & jnp.all(jnp.isfinite(rho))
+    u, rho = jnp.where(u_ok, u, 0), jnp.where(u_ok, rho, 0)
     guess = jnp.concatenate([_dyn(system, q1 + dt * state.qdot), state.lam])
     x, aux = _solve_del(system, q1, p1, u, rho, t1, dt, guess, rtol, atol, max_iter, forcing_split)
     t2 = t1 + dt
@@ -684,7 +696,7 @@ def _step_single(system, state, u, rho, dt, rtol, atol, max_iter, forcing_split,
     lam = x[nd:]
     p2 = _new_momentum(system, q1, q2, u, t1, t2, forcing_split).astype(p1.dtype)
     new = VIState(time=t2, q=q2, p=p2, lam=lam, qdot=(q2 - q1) / dt)
-    finite = jnp.all(jnp.isfinite(q2)) & jnp.all(jnp.isfinite(p2)) & jnp.all(jnp.isfinite(lam))
+    finite = jnp.all(jnp.isfinite(q2)) & jnp.all(jnp.isfinite(p2)) & jnp.all(jnp.isfinite(lam)) & ~aux.nonfinite & u_ok
     status = jnp.where(
         aux.singular,
         Status.SINGULAR,
