@@ -31,7 +31,7 @@ import numpy as np
 
 from . import so3
 from .body import RigidBody, RigidBodyState
-from .variational import MechanicalSystem, VIState, generalized_velocity, vi_state
+from .variational import MechanicalSystem, VIState, _check_vi_state, generalized_velocity, vi_state
 
 __all__ = [
     "pendulum",
@@ -514,6 +514,7 @@ class VICarry(eqx.Module):
 
 
 def _pack_vi(state: VIState) -> VICarry:
+    _check_vi_state(state)
     split = lambda a: tuple(a[..., i] for i in range(a.shape[-1]))
     return VICarry(time=state.time, q=split(state.q), p=split(state.p), lam=state.lam[..., 0], qdot=split(state.qdot))
 

@@ -266,6 +266,14 @@ class VIState(eqx.Module):
     qdot: jax.Array
 
 
+def _check_vi_state(state):
+    if not isinstance(state, VIState):
+        raise TypeError(
+            f"vi_step: state must be a rigidjax.variational.VIState (vi_state(system, q, qdot); for a rigid body "
+            f"systems.rigid_body_vi_state(system, rigid_body_state)); got {type(state).__name__}"
+        )
+
+
 def _dyn(system, x):
     return x[..., jnp.asarray(system.dynamic, jnp.int32)] if system.kinematic else x
 
@@ -768,6 +776,7 @@ def vi_step(
     residual (``jax.lax.custom_root``); they are independent of the iteration count and never
     differentiate the Newton loop. Gradients through a failed step are not meaningful.
     """
+    _check_vi_state(state)
     dtype = state.q.dtype
     _check_last(state.q, system.n_config, "vi_step: state.q")
     _check_last(state.p, system.n_dynamic, "vi_step: state.p")
