@@ -75,6 +75,27 @@ def materialize_chunks(*xs, size: int):
     return sum((materialize(*xs[i : i + size]) for i in range(0, len(xs), size)), ())
 
 
+def partial_jvp(fn, args, slots, tangents, dtype):
+    """Forward derivative of ``fn(*args)`` along a few scalar slots of its arguments only.
+
+    ``args`` is a list whose items are lists of per-coordinate arrays (movable) or single
+    arrays (held fixed); ``slots`` lists ``(group, index)`` pairs into the lists and
+    ``tangents`` the scalar tangent of each.
+    Only the listed entries are JAX primals, so JAX traces no zero tangents for the others:
+    how the packed steps build their Newton matrices column by column.
+    """
+
+    def f(*vals):
+        a = [list(x) if isinstance(x, list) else x for x in args]
+        for (grp, idx), v in zip(slots, vals):
+            a[grp][idx] = v
+        return fn(*a)
+
+    primals = tuple(args[grp][idx] for grp, idx in slots)
+    tans = tuple(jnp.broadcast_to(jnp.asarray(t, dtype), jnp.shape(p)) for t, p in zip(tangents, primals))
+    return jax.jvp(f, primals, tans)[1]
+
+
 def unwrap_partial(step):
     """``(function, keyword options)`` of a step bound through (nested) ``functools.partial``
     with keywords only; ``(None, {})`` if any positional argument is bound."""

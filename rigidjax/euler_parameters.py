@@ -74,7 +74,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import so3
-from ._util import is_concrete, materialize, materialize_chunks, unwrap_partial, where_tree
+from ._util import is_concrete, materialize, materialize_chunks, partial_jvp, unwrap_partial, where_tree
 from .body import RigidBody
 from .info import Status, StepInfo, check, make_info
 from .linalg import solve_components, solve_small, solve_small_pivots
@@ -1230,15 +1230,7 @@ def _packed_ep_step(
         s = 1 if not with_mu else (1 + k_mu * z[8])
 
         def column(slots, tangents):
-            def f(*vals):
-                a = [list(x) if isinstance(x, list) else x for x in args]
-                for (grp, idx), v in zip(slots, vals):
-                    a[grp][idx] = v
-                return residual(*a)
-
-            primals = tuple(args[grp][idx] for grp, idx in slots)
-            tans = tuple(jnp.broadcast_to(jnp.asarray(t, dtype), jnp.shape(p)) for t, p in zip(tangents, primals))
-            return jax.jvp(f, primals, tans)[1]
+            return partial_jvp(residual, args, slots, tangents, dtype)
 
         cols = [column([(3, i), (4, i)], [c_v, 1.0]) for i in range(3)]
         cols += [column([(0, j), (1, j), (2, j)], [s * c_q, c_v, 1.0]) for j in range(4)]

@@ -587,7 +587,7 @@ def _quat_angle(a, b):
 def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, max_iter, forcing_split, max_rotation):
     """:func:`rigidjax.variational.vi_step` on a :class:`VICarry` of a free rigid body; members
     where ``active`` is False keep their input state. Returns ``(carry, info)``."""
-    from ._util import materialize, materialize_chunks
+    from ._util import materialize, materialize_chunks, partial_jvp
     from .info import Status, make_info
     from .linalg import singular, solve_components, solve_small
     from .variational import _default_tol
@@ -625,15 +625,7 @@ def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, m
         F = residual(*args)
 
         def column(slots, tangents):
-            def f(*vals):
-                a = [list(x) if isinstance(x, list) else x for x in args]
-                for (grp, idx), v in zip(slots, vals):
-                    a[grp][idx] = v
-                return residual(*a)
-
-            primals = tuple(args[grp][idx] for grp, idx in slots)
-            tans = tuple(jnp.broadcast_to(jnp.asarray(t, dtype), jnp.shape(p)) for t, p in zip(tangents, primals))
-            return jax.jvp(f, primals, tans)[1]
+            return partial_jvp(residual, args, slots, tangents, dtype)
 
         inv_h = 1 / h
         cols = [column([(2, i)], [inv_h]) for i in range(3)]
