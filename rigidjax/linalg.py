@@ -43,6 +43,8 @@ solve.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -61,38 +63,69 @@ def _check(A, b, where):
     return vector
 
 
-def _eliminate(A, B):
-    """One unbatched system ``A (n, n)``, ``B (n, k)``: ``(x (n, k), |U_ii| (n,))``. Linear in ``B``."""
+class _LapackLU(NamedTuple):
+    lu: jax.Array
+    piv: jax.Array
+
+
+def _lu_factor(A):
+    """One unbatched ``A (n, n)``: the factors of ``P A = L U`` and ``|U_ii| (n,)``.
+
+    Small ``n``: per stage ``k`` the pivot's index in the active block, the multipliers
+    (``m - 1``) and the pivot row of ``U`` (``m``); above :data:`SMALL_MAX` LAPACK's."""
     n = A.shape[-1]
-    if n == 0:
-        return B, jnp.zeros((0,), A.dtype)
     if n > SMALL_MAX:
         lu, piv = jax.scipy.linalg.lu_factor(A)
-        return jax.scipy.linalg.lu_solve((lu, piv), B), jnp.abs(jnp.diagonal(lu))
-    S, R = A, B  # active block (m, m) and right-hand sides (m, k), m = n - k
-    urows, rrows = [], []
+        return _LapackLU(lu, piv), jnp.abs(jnp.diagonal(lu))
+    S = A  # active block (m, m), m = n - k
+    stages = []
     for k in range(n):
         m = n - k
         p = jnp.argmax(jnp.abs(S[:, 0]))  # first largest |a_ik| (LAPACK idamax)
         # the pivot row by selects (no gather): materialised once per stage
-        prow, rrow = S[0], R[0]
+        prow = S[0]
         for i in range(1, m):
             prow = jnp.where(p == i, S[i], prow)
+        if m == 1:
+            stages.append((p, jnp.zeros((0,), A.dtype), prow))
+            break
+        swap = (jnp.arange(m) == p)[:, None]
+        S1 = jnp.where(swap, S[0][None], S)[1:]
+        piv = prow[0]
+        # an all-zero column: multipliers 0 (LAPACK skips it); the zero pivot stays in U
+        l = S1[:, 0] / jnp.where(piv == 0, jnp.ones_like(piv), piv)
+        S = S1[:, 1:] - l[:, None] * prow[None, 1:]
+        stages.append((p, l, prow))
+    return tuple(stages), jnp.abs(jnp.stack([u[0] for _, _, u in stages])) if n else jnp.zeros((0,), A.dtype)
+
+
+def _lu_solve(factors, B):
+    """``x (n, k)`` from :func:`_lu_factor`'s factors of one ``A`` and ``B (n, k)``. Linear in ``B``."""
+    if isinstance(factors, _LapackLU):
+        return jax.scipy.linalg.lu_solve(tuple(factors), B)
+    stages = factors
+    if not stages:
+        return B
+    R = B
+    urows, rrows = [], []
+    for p, l, prow in stages:
+        m = R.shape[0]
+        rrow = R[0]
+        for i in range(1, m):
             rrow = jnp.where(p == i, R[i], rrow)
         urows.append(prow)
         rrows.append(rrow)
         if m == 1:
             break
         swap = (jnp.arange(m) == p)[:, None]
-        S1 = jnp.where(swap, S[0][None], S)[1:]
-        R1 = jnp.where(swap, R[0][None], R)[1:]
-        piv = prow[0]
-        # an all-zero column: multipliers 0 (LAPACK skips it); the zero pivot stays in U
-        l = S1[:, 0] / jnp.where(piv == 0, jnp.ones_like(piv), piv)
-        S = S1[:, 1:] - l[:, None] * prow[None, 1:]
-        R = R1 - l[:, None] * rrow[None, :]
-    x = _back_substitute(urows, rrows)
-    return jnp.stack(x), jnp.abs(jnp.stack([u[0] for u in urows]))
+        R = jnp.where(swap, R[0][None], R)[1:] - l[:, None] * rrow[None, :]
+    return jnp.stack(_back_substitute(urows, rrows))
+
+
+def _eliminate(A, B):
+    """One unbatched system ``A (n, n)``, ``B (n, k)``: ``(x (n, k), |U_ii| (n,))``. Linear in ``B``."""
+    factors, pivots = _lu_factor(A)
+    return _lu_solve(factors, B), pivots
 
 
 def _back_substitute(urows, rrows, inverse_pivots=None):
@@ -151,6 +184,71 @@ def solve_small_pivots(A: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array
     return (X[..., 0] if vector else X), piv
 
 
+class SmallLU(NamedTuple):
+    """The factors of ``P A = L U`` from :func:`lu_factor_small` (a pytree; batch axes lead)."""
+
+    factors: tuple
+
+    @property
+    def batch(self) -> tuple:
+        return _lu_last(self.factors).shape[:-1]
+
+
+def lu_factor_small(A: jax.Array) -> tuple[SmallLU, jax.Array]:
+    """Factor ``P A = L U`` once for several solves (e.g. a simplified-Newton update).
+
+    Args:
+        A: ``(..., n, n)``, floating point.
+
+    Returns:
+        ``(lu, pivots)``: the factors for :func:`lu_solve_small` and ``(..., n)`` the pivot
+        magnitudes ``|U_ii|`` (for :func:`singular`). The same elimination as
+        :func:`solve_small_pivots` (equal results); no LAPACK call for ``n <= SMALL_MAX``. Not
+        differentiated by a rule of its own.
+
+    Raises:
+        ValueError: non-square ``A``.
+    """
+    A = jnp.asarray(A)
+    if A.ndim < 2 or A.shape[-1] != A.shape[-2]:
+        raise ValueError(f"lu_factor_small: A must have shape (..., n, n); got {A.shape}")
+    if not jnp.issubdtype(A.dtype, jnp.inexact):
+        A = A.astype(jnp.result_type(A.dtype, jnp.float32))
+    fn = _lu_factor
+    for _ in A.shape[:-2]:
+        fn = jax.vmap(fn)
+    factors, pivots = fn(A)
+    return SmallLU(factors), pivots
+
+
+def lu_solve_small(lu: SmallLU, b: jax.Array) -> jax.Array:
+    """Solve ``A x = b`` with ``lu`` from :func:`lu_factor_small`; ``b`` ``(..., n)`` or
+    ``(..., n, k)`` with the factored batch axes. Linear in ``b``.
+
+    Raises:
+        ValueError: ``b`` of the wrong shape.
+    """
+    b = jnp.asarray(b)
+    nb = len(lu.batch)
+    n = _lu_last(lu.factors).shape[-1]
+    vector = b.ndim == nb + 1
+    if b.shape[:nb] != tuple(lu.batch) or b.ndim not in (nb + 1, nb + 2) or b.shape[nb] != n:
+        raise ValueError(f"lu_solve_small: b must have shape {(*lu.batch, n)} or {(*lu.batch, n, 'k')}; got {b.shape}")
+    B = b[..., None] if vector else b
+    fn = _lu_solve
+    for _ in lu.batch:
+        fn = jax.vmap(fn)
+    X = fn(lu.factors, B)
+    return X[..., 0] if vector else X
+
+
+def _lu_last(factors):
+    """An array of shape ``(..., n)`` among the factors: the batch axes and ``n``."""
+    if isinstance(factors, _LapackLU):
+        return factors.piv
+    return factors[0][2] if factors else jnp.zeros((0,))
+
+
 def singular(pivots: jax.Array) -> jax.Array:
     """``(...,)`` bool from :func:`solve_small_pivots`' ``(..., n)`` pivot magnitudes.
 
@@ -195,7 +293,18 @@ def solve_small(A: jax.Array, b: jax.Array) -> jax.Array:
     return X[..., 0] if vector else X
 
 
-def solve_components(A, b, *, materialize_b: bool = False):
+class ComponentsLU(NamedTuple):
+    """The factors of ``P A = L U`` from :func:`solve_components` (``factors=True``), entry by
+    entry: per stage ``k`` the pivot's index in the active block, the ``n - k - 1``
+    multipliers, the pivot row of ``U`` and the reciprocal pivot."""
+
+    pivot_index: tuple
+    multipliers: tuple
+    urows: tuple
+    inverse_pivots: tuple
+
+
+def solve_components(A, b, *, materialize_b: bool = False, factors: bool = False):
     """:func:`solve_small_pivots` on a matrix given entry by entry (structure of arrays).
 
     Args:
@@ -224,6 +333,10 @@ def solve_components(A, b, *, materialize_b: bool = False):
     ``b``), for a solve that is never transposed (e.g. a Newton increment; not in
     ``custom_root``'s tangent solve, which reverse mode transposes).
 
+    ``factors=True`` also returns the factors (a :class:`ComponentsLU`, multipliers
+    materialised with their stage) as a third output, for further right-hand sides with
+    :func:`lu_solve_components` (e.g. a simplified-Newton update).
+
     Raises:
         ValueError: ``A`` not ``n`` rows of ``n`` entries, or ``b`` not of length ``n``.
     """
@@ -242,7 +355,7 @@ def solve_components(A, b, *, materialize_b: bool = False):
         dtype = jnp.result_type(dtype, jnp.float32)
     S = [[jnp.asarray(a, dtype) for a in row] for row in A]  # active block, m x m
     R = [jnp.asarray(v, dtype) for v in b]
-    urows, rrows, invs = [], [], []
+    urows, rrows, invs, pidx, mults = [], [], [], [], []
     for k in range(n):
         m = n - k
         # first entry of largest magnitude (LAPACK idamax; argmax's NaN rule)
@@ -271,23 +384,63 @@ def solve_components(A, b, *, materialize_b: bool = False):
         urows.append(list(prow))
         rrows.append(rrow)
         invs.append(inv)
+        pidx.append(p)
         if m == 1:
+            mults.append(())
             break
-        S_new, R_new = [], []
+        S_new, R_new, ls = [], [], []
         for i in range(1, m):
             sel = p == i  # row i moves to the pivot's place, row 0 to row i's
             row = [jnp.where(sel, s0, s) for s0, s in zip(S[0], S[i])]
             r = jnp.where(sel, R[0], R[i])
             l = row[0] * inv
+            ls.append(l)
             S_new.append([row[j] - l * prow[j] for j in range(1, m)])
             R_new.append(r - l * rrow)
-        if materialize_b:
-            flat = materialize(*[a for row in S_new for a in row], *R_new)
-            R = list(flat[(m - 1) * (m - 1) :])
-        else:
-            flat = materialize(*[a for row in S_new for a in row])
-            R = R_new
+        nS = (m - 1) * (m - 1)
+        flat = materialize(
+            *[a for row in S_new for a in row], *(ls if factors else ()), *(R_new if materialize_b else ())
+        )
+        if factors:
+            ls = flat[nS : nS + m - 1]
+        R = list(flat[nS + (m - 1 if factors else 0) :]) if materialize_b else R_new
+        mults.append(tuple(ls))
         S = [list(flat[i * (m - 1) : (i + 1) * (m - 1)]) for i in range(m - 1)]
     # a zero pivot divides (inf/NaN, as the array form), the reciprocal of 1 would hide it
-    x = _back_substitute(urows, rrows, [jnp.where(u[0] == 0, 1 / u[0], v) for u, v in zip(urows, invs)])
-    return tuple(x), tuple(jnp.abs(u[0]) for u in urows)
+    invs = [jnp.where(u[0] == 0, 1 / u[0], v) for u, v in zip(urows, invs)]
+    x = _back_substitute(urows, rrows, invs)
+    pivots = tuple(jnp.abs(u[0]) for u in urows)
+    if factors:
+        lu = ComponentsLU(tuple(pidx), tuple(mults), tuple(tuple(u) for u in urows), tuple(invs))
+        return tuple(x), pivots, lu
+    return tuple(x), pivots
+
+
+def lu_solve_components(lu: ComponentsLU, b):
+    """Solve ``A x = b`` entry by entry with the factors of :func:`solve_components`
+    (``factors=True``): the same operations as its elimination of ``b``, in the same order.
+
+    Args:
+        lu: :class:`ComponentsLU` of an ``n x n`` matrix.
+        b: a sequence of ``n`` arrays (shapes broadcastable with the factors').
+
+    Returns:
+        ``x``, a tuple of ``n`` arrays. Linear in ``b``. Nothing is materialised: a caller
+        that reads ``x`` in several places materialises it once.
+
+    Raises:
+        ValueError: ``b`` not of length ``n``.
+    """
+    n = len(lu.urows)
+    if len(b) != n:
+        raise ValueError(f"lu_solve_components: b must have length {n}; got {len(b)}")
+    R = list(b)
+    rrows = []
+    for p, ls in zip(lu.pivot_index, lu.multipliers):
+        m = len(R)
+        rrow = R[0]
+        for i in range(1, m):
+            rrow = jnp.where(p == i, R[i], rrow)
+        rrows.append(rrow)
+        R = [jnp.where(p == i, R[0], R[i]) - ls[i - 1] * rrow for i in range(1, m)]
+    return tuple(_back_substitute(lu.urows, rrows, lu.inverse_pivots))

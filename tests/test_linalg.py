@@ -231,3 +231,38 @@ def test_solve_components_matches_numpy_and_hand_pivots():
     np.testing.assert_allclose(x3, np.linalg.solve(np.array(A3), [1.0, 2.0, 3.0]), atol=1e-14)
     with pytest.raises(ValueError, match="n rows of n entries"):
         solve_components([[1.0, 2.0], [3.0]], [1.0, 2.0])
+
+
+def test_factors_solve_further_right_hand_sides():
+    # lu_factor_small / lu_solve_small and solve_components(factors=True) / lu_solve_components:
+    # the factors a simplified-Newton update reuses solve a NEW right-hand side as LAPACK does
+    from rigidjax.linalg import lu_factor_small, lu_solve_components, lu_solve_small, solve_components
+
+    eps = np.finfo(np.float64).eps
+    rng = np.random.default_rng(12)
+    for n in (1, 8, SMALL_MAX + 2):  # SMALL_MAX + 2: the LAPACK fallback
+        A, b = _random_system(rng, 32, n)
+        c = rng.normal(size=(32, n, 3))
+        ref = np.linalg.solve(A, c)
+        # two backward-stable GEPP solves: difference below 4 n cond eps per column (as above)
+        bound = 4 * n * np.linalg.cond(A) * eps
+
+        def check(got, want):
+            err = np.linalg.norm(got - want, axis=1) / np.linalg.norm(want, axis=1)
+            assert np.all(err <= (bound[:, None] if err.ndim == 2 else bound))
+
+        lu, piv = jax.jit(lu_factor_small)(jnp.asarray(A))
+        check(np.asarray(lu_solve_small(lu, jnp.asarray(c))), ref)
+        check(np.asarray(lu_solve_small(lu, jnp.asarray(c[..., 0]))), ref[..., 0])
+        # the pivots are those of solve_small_pivots (the same elimination)
+        np.testing.assert_allclose(np.asarray(piv), np.asarray(solve_small_pivots(A, b)[1]), rtol=1e-12)
+        if n > SMALL_MAX:
+            continue
+        Ac = [[jnp.asarray(A[:, i, j]) for j in range(n)] for i in range(n)]
+        for mb in (False, True):
+            _, _, f = jax.jit(lambda Ac, b: solve_components(Ac, b, materialize_b=mb, factors=True))(Ac, [jnp.asarray(b[:, i]) for i in range(n)])
+            check(np.stack(jax.jit(lu_solve_components)(f, [jnp.asarray(c[:, i, 0]) for i in range(n)]), -1), ref[..., 0])
+    with pytest.raises(ValueError, match=r"\(\.\.\., n, n\)"):
+        lu_factor_small(jnp.ones((2, 3)))
+    with pytest.raises(ValueError, match="b must have shape"):
+        lu_solve_small(lu_factor_small(jnp.eye(3))[0], jnp.ones(4))
