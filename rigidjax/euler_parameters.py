@@ -53,7 +53,11 @@ Two discretisations of the constraints (``ep_step(..., stabilized=...)``):
 
 Each step solves the generalized-alpha equations for the new accelerations, all
 multipliers (and ``mu``) by Newton's method (full Jacobian by forward-mode AD, LU with partial pivoting by
-:mod:`rigidjax.linalg`: no LAPACK call, see there why). The solve is wrapped
+:mod:`rigidjax.linalg`: no LAPACK call, see there why). Each iteration is a Newton update
+followed by a simplified-Newton update with the same LU factors (Shamanskii's method, as
+:mod:`rigidjax.variational`; Exudyn's modified Newton likewise reuses its Jacobian): cubic
+convergence per iteration matrix, and the convergence test measures the error the Newton
+update left, so a step from the previous step's accelerations needs one iteration matrix. The solve is wrapped
 in :func:`jax.lax.custom_root`, so derivatives of a step are those of the converged solution
 (implicit function theorem), never of the truncated iteration, and reverse mode never
 differentiates the ``while_loop``. Non-convergence, a singular iteration matrix or a
@@ -77,7 +81,7 @@ from . import so3
 from ._util import is_concrete, materialize, materialize_chunks, partial_jvp, unwrap_partial, where_tree
 from .body import RigidBody
 from .info import Status, StepInfo, check, make_info
-from .linalg import solve_components, solve_small, solve_small_pivots
+from .linalg import lu_factor_small, lu_solve_components, lu_solve_small, solve_components, solve_small
 from .linalg import singular as linalg_singular
 
 __all__ = [
@@ -754,14 +758,16 @@ def ep_step(
         dt: step, s (> 0; checked by :func:`rigidjax.rollout`).
         scheme: :class:`GeneralizedAlpha` parameters; default ``generalized_alpha(0.9)``.
         torque_frame: ``"body"`` or ``"world"``.
-        rtol, atol: Newton stops when the increment of the new accelerations and of the
-            multipliers is below ``atol + rtol * |value|`` (max norms, per block); default
-            ``sqrt(eps)`` of the dtype (quadratic convergence then leaves round-off). The
+        rtol, atol: Newton stops when an iteration's final (simplified-Newton) increment of
+            the new accelerations and of the multipliers is below ``atol + rtol * |value|``
+            (max norms, per block); default
+            ``sqrt(eps)`` of the dtype (the error after that update is then at round-off). The
             position-correction multipliers (``stabilized=True``) are also accepted once the
             position change they make is below ``8 eps |x|``, the positions' resolution, so
             float32 (and very small ``dt``) converge with the defaults; ``stabilized=False``
             in float32 needs looser tolerances (e.g. ``rtol = atol = 1e-3``).
-        max_iterations: Newton's iteration cap.
+        max_iterations: iteration cap (iteration matrices evaluated; each iteration makes a
+            Newton and a simplified-Newton update, module docstring).
         max_rotation: rad; ``max_i |omega_i| dt`` above it is flagged ``Status.ROTATION_LIMIT``
             (state advanced; accuracy degrades: the energy error of a heavy top over 10^4
             steps is ~3e-5 at 0.5 rad and ~3e-4 at 1 rad per step with Newmark); ``inf`` disables.
@@ -770,8 +776,9 @@ def ep_step(
 
     Returns:
         ``(new_state, info)``; ``info.iterations`` Newton iterations, ``info.residual`` the max
-        norm of the scaled residual at the start of the last Newton iteration (the final
-        increment was below tolerance, so the residual at the solution is smaller still), ``info.rotation`` ``max |omega| dt``. On
+        norm of the scaled residual before the final (simplified-Newton) update, which
+        removed it to first order (the increment was below tolerance, so the residual at the
+        solution is smaller still), ``info.rotation`` ``max |omega| dt``. On
         ``MAX_ITERATIONS``, ``SINGULAR`` or ``NONFINITE`` the input state is returned unchanged.
 
     Derivatives (``jax.grad``/``jvp`` w.r.t. model, state, wrench, dt) are those of the
@@ -847,8 +854,13 @@ def ep_step(
             r, lin = jax.linearize(f, z)
             J = jax.vmap(lin, out_axes=1)(jnp.eye(z.shape[0], dtype=z.dtype))
             # no LAPACK custom call (rigidjax.linalg: XLA:CPU deadlock of batched calls)
-            d, pivots = solve_small_pivots(J, r)
-            z1 = z - d
+            lu, pivots = lu_factor_small(J)
+            z1 = z - lu_solve_small(lu, r)
+            # a simplified-Newton update with the same factors (Shamanskii): cubic convergence
+            # per iteration matrix, and the tests below measure the error left by the Newton update
+            r = f(z1)
+            d = lu_solve_small(lu, r)
+            z1 = z1 - d
             # a zero pivot relative to the largest: the iteration matrix is singular
             singular = linalg_singular(pivots)
             nonfinite = ~jnp.all(jnp.isfinite(z1))
@@ -1182,6 +1194,9 @@ def _packed_ep_step(
     base = tuple((af * qtt0[k] - am * a0[k]) / (1 - am) for k in range(7))
     q_pred = tuple(q0[k] + h * v0[k] + h * h * ((0.5 - beta) * a0[k] + beta * base[k]) for k in range(7))
     v_pred = tuple(v0[k] + h * ((1 - gamma) * a0[k] + gamma * base[k]) for k in range(7))
+    # one loop, not one small kernel per component (launches dominate these)
+    flat = materialize(*base, *q_pred, *v_pred)
+    base, q_pred, v_pred = flat[:7], flat[7:14], flat[14:]
     k_mu = 2 * beta_p * h * h  # theta = (1 + k_mu mu) theta_hat: the GGL correction C_p^T mu
     s_pos, s_vel = 1 / (beta_p * h * h), 1 / (gamma_p * h)
 
@@ -1240,9 +1255,11 @@ def _packed_ep_step(
         if with_mu:
             cols.append(column([(0, j) for j in range(4)], [k_mu * t for t in th_hat]))
         # one loop for the whole matrix (XLA would otherwise recompute it inside every consumer)
-        flat = materialize_chunks(*F, *(cols[c][r] for r in range(n_unknowns) for c in range(n_unknowns)), size=8)
-        F, flat = flat[:n_unknowns], flat[n_unknowns:]
-        A = [list(flat[r * n_unknowns : (r + 1) * n_unknowns]) for r in range(n_unknowns)]
+        # column by column: one column's entries share its tangents
+        n = n_unknowns
+        flat = materialize_chunks(*F, *(cols[c][r] for c in range(n) for r in range(n)), size=n)
+        F, flat = flat[:n], flat[n:]
+        A = [[flat[c * n + r] for c in range(n)] for r in range(n)]
         return F, A
 
     def amax(xs):
@@ -1259,9 +1276,13 @@ def _packed_ep_step(
         def body_fn(c):
             it, z, _, _, _ = c
             r, A = newton_matrix(z)
-            d, piv = solve_components(A, list(r), materialize_b=True)
+            d, piv, lu = solve_components(A, list(r), materialize_b=True, factors=True)
             d = materialize(*d)  # one loop for the back substitution (else one per consumer)
             z1 = tuple(zi - di for zi, di in zip(z, d))
+            # the simplified-Newton update with the same factors (ep_step's newton)
+            r = materialize(*full(z1))
+            d = materialize(*lu_solve_components(lu, list(r)))
+            z1 = tuple(zi - di for zi, di in zip(z1, d))
             pivots = jnp.stack(piv, -1)  # (..., [nb,] n): the system's pivots, as ep_step's one LU
             sing = linalg_singular(pivots if one else pivots.reshape(*pivots.shape[:-2], -1))
             nonfinite = bmax(~jnp.all(jnp.isfinite(jnp.stack(z1, -1)), -1))
@@ -1310,12 +1331,6 @@ def _packed_ep_step(
         for j in range(4):
             q1[3 + j] = q1[3 + j] + k_mu * z[8] * (ref[3 + j] + q1[3 + j])
     v1 = tuple(v_pred[k] + c_v * qtt1[k] for k in range(7))
-    every = jnp.stack([*z, *q1, *v1], -1)
-    finite = ~bmax(~jnp.all(jnp.isfinite(every), -1))
-    status = jnp.where((status == Status.SUCCESS) & ~finite, Status.NONFINITE, status)
-    ok = (status == Status.SUCCESS) & act
-    new = EPCarry(carry.time + h, tuple(q1), v1, tuple(qtt1), a1, z[7])
-    new = where_tree(ok, new, carry)
 
     def omega_max(q, v):
         w = _gb(tuple(ref[3 + j] + q[3 + j] for j in range(4)), v[3:])
@@ -1323,7 +1338,25 @@ def _packed_ep_step(
         pos = sq > 0
         return bmax(jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1)), 0))
 
-    rotation = jnp.maximum(omega_max(q0, v0), omega_max(new.coordinates, new.velocities)) * h
+    new = EPCarry(carry.time + h, tuple(q1), v1, tuple(qtt1), a1, z[7])
+    if one:
+        # elementwise over the members: the finiteness test, the selection of every component
+        # and the rotation in ONE loop (else one small kernel each)
+        finite = functools.reduce(jnp.logical_and, [jnp.isfinite(c) for c in (*z, *q1, *v1)])
+        finite = materialize(finite.astype(dtype))[0] > 0.5
+        ok = (status == Status.SUCCESS) & finite & act
+        leaves, treedef = jax.tree_util.tree_flatten(new)
+        sel = [jnp.where(ok, a, b) for a, b in zip(leaves, jax.tree_util.tree_leaves(carry))]
+        new = jax.tree_util.tree_unflatten(treedef, materialize_chunks(*sel, size=8))
+        rotation = jnp.maximum(omega_max(q0, v0), omega_max(new.coordinates, new.velocities)) * h
+    else:
+        every = jnp.stack([*z, *q1, *v1], -1)
+        finite = ~bmax(~jnp.all(jnp.isfinite(every), -1))
+    status = jnp.where((status == Status.SUCCESS) & ~finite, Status.NONFINITE, status)
+    ok = (status == Status.SUCCESS) & act
+    if not one:
+        new = where_tree(ok, new, carry)
+        rotation = jnp.maximum(omega_max(q0, v0), omega_max(new.coordinates, new.velocities)) * h
     status = jnp.where(ok & (rotation > max_rotation), Status.ROTATION_LIMIT, status)
     return new, make_info(status, iterations, res, rotation)
 

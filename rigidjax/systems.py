@@ -589,7 +589,7 @@ def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, m
     where ``active`` is False keep their input state. Returns ``(carry, info)``."""
     from ._util import materialize, materialize_chunks, partial_jvp
     from .info import Status, make_info
-    from .linalg import singular, solve_components, solve_small
+    from .linalg import lu_solve_components, singular, solve_components, solve_small
     from .variational import _default_tol
 
     dtype = carry.q[0].dtype
@@ -633,8 +633,9 @@ def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, m
         zero = jnp.zeros_like(F[0])
         cols.append((zero,) * 3 + tuple(-q1[3 + j] + zero for j in range(4)) + (zero,))
         # one set of loops for the whole matrix (XLA would otherwise recompute it in every consumer)
-        flat = materialize_chunks(*F, *(cols[c][r] for r in range(8) for c in range(8)), size=8)
-        return flat[:8], [list(flat[8 + 8 * r : 16 + 8 * r]) for r in range(8)]
+        # column by column: one column's entries share its tangents
+        flat = materialize_chunks(*F, *(cols[c][r] for c in range(8) for r in range(8)), size=8)
+        return flat[:8], [[flat[8 + 8 * c + r] for c in range(8)] for r in range(8)]
 
     act = jnp.asarray(active) if active is not None else jnp.bool_(True)
     batch = jnp.shape(q1[0])
@@ -654,12 +655,15 @@ def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, m
             it, z, conv, sing = c
             run = running(it, z, conv, sing)
             r, A = newton_matrix(z)
-            d, piv = solve_components(A, [-x for x in r], materialize_b=True)
+            d, piv, lu = solve_components(A, [-x for x in r], materialize_b=True, factors=True)
             # one loop for the back substitution and the running flag (else every consumer
             # recomputes them: XLA:CPU fuses producers into each consumer)
             *d, run = materialize(*d, run.astype(dtype))
             run = run > 0.5
             z1 = tuple(zi + di for zi, di in zip(z, d))
+            # the simplified-Newton update with the same factors (vi_step's _newton)
+            d = materialize(*lu_solve_components(lu, [-x for x in full(z1)]))
+            z1 = tuple(zi + di for zi, di in zip(z1, d))
             conv1 = functools.reduce(
                 jnp.logical_and, [jnp.abs(di) <= atol + rtol * jnp.abs(zi) for di, zi in zip(d, z1)]
             )

@@ -32,7 +32,13 @@ then sets ``p_2 = D_2 L_d(q_1, q_2) + f_d^+``. The constraint force of the conti
 
 Newton's method with the exact Jacobian (``jax.jacfwd``; LU with partial pivoting by
 :mod:`rigidjax.linalg`, no LAPACK call) solves the DEL equation, warm-started
-at ``q_2 = q_1 + dt * qdot`` with ``qdot`` the velocity of the previous step. It is wrapped in
+at ``q_2 = q_1 + dt * qdot`` with ``qdot`` the velocity of the previous step. Each iteration
+is a Newton update followed by a simplified-Newton update with the same LU factors
+(Shamanskii's method, V. E. Shamanskii, Ukrain. Mat. Zh. 19 (1967); C. T. Kelley, *Iterative
+Methods for Linear and Nonlinear Equations*, SIAM 1995, ch. 5): cubic convergence per
+Jacobian, and the second update measures the error the first left, so a step from a good
+warm start needs ONE Jacobian and factorisation (plain Newton needs a second, confirming one).
+It is wrapped in
 ``jax.lax.custom_root``: derivatives come from the implicit function theorem on the DEL
 residual, so they do not depend on the iteration count and reverse mode never differentiates
 the while loop. Non-convergence, a singular Jacobian or a non-finite result are reported per
@@ -59,7 +65,7 @@ import numpy as np
 
 from ._util import is_concrete, where_tree
 from .info import Status, StepInfo, make_info
-from .linalg import solve_small, solve_small_pivots
+from .linalg import lu_factor_small, lu_solve_small, solve_small
 from .linalg import singular as linalg_singular
 
 __all__ = [
@@ -576,7 +582,8 @@ class _NewtonAux(NamedTuple):
 
 
 def _newton(F, x0, rtol, atol, max_iter):
-    """Newton's method with the exact Jacobian; stops when ``|dx_i| <= atol + rtol |x_i|`` for all i."""
+    """Newton's method with the exact Jacobian, each iteration a Newton and a simplified-Newton
+    update (Shamanskii); stops when the latter's ``|dx_i| <= atol + rtol |x_i|`` for all i."""
 
     def value_and_jac(x):
         def Fa(y):
@@ -594,10 +601,14 @@ def _newton(F, x0, rtol, atol, max_iter):
         x, it, _, _ = c
         r, J = value_and_jac(x)
         # no LAPACK custom call (rigidjax.linalg: XLA:CPU deadlock of batched calls)
-        dx, pivots = solve_small_pivots(J, -r)
+        lu, pivots = lu_factor_small(J)
         # partial pivoting: a (relatively) vanishing pivot means a singular Jacobian
         sing = linalg_singular(pivots)
-        x_new = x + dx
+        x1 = x + lu_solve_small(lu, -r)
+        # a simplified-Newton update with the same factors (Shamanskii): cubic convergence
+        # per Jacobian, and the convergence test measures the error left after the Newton update
+        dx = lu_solve_small(lu, -F(x1))
+        x_new = x1 + dx
         conv = jnp.all(jnp.abs(dx) <= atol + rtol * jnp.abs(x_new))
         return x_new, it + 1, conv, sing
 
@@ -617,7 +628,7 @@ def _tangent_solve(g, y):
 
 def _default_tol(dtype, rtol, atol):
     eps = float(jnp.finfo(dtype).eps)
-    # quadratic convergence: one more update after |dx| ~ eps^(2/3) lands at round-off
+    # an update below eps^(2/3) leaves an error ~|dx|^2 / |dx_prev| or |dx|^2: round-off
     rtol = eps ** (2.0 / 3.0) if rtol is None else rtol
     atol = eps ** (2.0 / 3.0) if atol is None else atol
     return rtol, atol
@@ -744,11 +755,12 @@ def vi_step(
             variables the pair ``(u, rho)`` with ``rho`` ``(…, n_kinematic)`` the kinematic
             configuration at ``t_k + dt``. The force input is held over the step.
         dt: step, s (> 0).
-        rtol, atol: Newton stops when every component of the update satisfies
-            ``|dx_i| <= atol + rtol |x_i|`` (``x = (q2_dynamic, lambda1)``); default
-            ``eps^(2/3)`` of the dtype (3.7e-11 in float64, 2.5e-5 in float32) — after that
-            final update the error is at round-off (quadratic convergence).
-        max_iter: Newton iteration cap.
+        rtol, atol: Newton stops when every component of an iteration's final
+            (simplified-Newton) update satisfies ``|dx_i| <= atol + rtol |x_i|``
+            (``x = (q2_dynamic, lambda1)``); default ``eps^(2/3)`` of the dtype (3.7e-11 in
+            float64, 2.5e-5 in float32) — after that update the error is at round-off.
+        max_iter: iteration cap (Jacobian evaluations; each iteration makes a Newton and a
+            simplified-Newton update, module docstring).
         forcing_split: ``"left"`` (trep's midpoint rule: ``f_d^- = dt f``, ``f_d^+ = 0``;
             second order without forcing but FIRST order in the forcing, the force acting half
             a step late) or ``"symmetric"`` (``f_d^- = f_d^+ = dt f / 2``: second order with
@@ -761,7 +773,7 @@ def vi_step(
         ``(new_state, info)``. ``info.status``: ``SUCCESS``, ``MAX_ITERATIONS``, ``SINGULAR``
         (zero pivot in the DEL Jacobian, e.g. a coordinate without inertia), ``NONFINITE``;
         on failure the input state is returned unchanged. ``info.iterations``: Newton
-        iterations; ``info.residual``: norm of the DEL residual at the solution;
+        iterations (Jacobians evaluated); ``info.residual``: norm of the DEL residual at the solution;
         ``info.rotation``, rad (0 when the system defines no ``rotation``): on success the
         larger of ``system.rotation(q1, q2)`` and the rotation implied by the input velocity
         over ``dt`` (``|omega| dt`` for :func:`rigidjax.systems.rigid_body`); on failure the

@@ -416,10 +416,11 @@ def test_step_derivative_is_that_of_the_converged_solution():
         J, it = jax.jit(jax.jacfwd(f, has_aux=True))(s0.velocities)
         return np.asarray(J), int(it)
 
-    J_loose, it_loose = jac(rtol=1e-6, atol=1e-6)
+    J_loose, it_loose = jac(rtol=1e-4, atol=1e-4)
     J_tight, it_tight = jac(rtol=1e-14, atol=1e-14, max_iterations=30)
     assert it_tight > it_loose
-    # the loose solve is converged to ~(1e-6)^2 (quadratic convergence): 1e-9 is generous
+    # the loose solve stops after an update below 1e-4 and leaves an error ~(1e-4)^2 or less
+    # (the final update is a simplified-Newton one: at least quadratic): 1e-9 is generous
     np.testing.assert_allclose(J_loose, J_tight, rtol=1e-9, atol=1e-11)
 
 
