@@ -679,7 +679,7 @@ def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, m
         # a member that failed (status set below) keeps a finite point: custom_root linearises
         # there, and a NaN would reach every shared parameter's gradient (0 * NaN)
         nonfinite = ~functools.reduce(jnp.logical_and, [jnp.isfinite(c) for c in z])
-        z = tuple(jnp.where(sing | nonfinite, b, a) for a, b in zip(z, z0))
+        z = materialize(*(jnp.where(sing | nonfinite, b, a) for a, b in zip(z, z0)))  # one loop, not 8
         return z, (it.astype(dtype), conv.astype(dtype), sing.astype(dtype), nonfinite.astype(dtype))
 
     def tangent_solve(g, y):
@@ -694,7 +694,7 @@ def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, m
         x = solve_small(A, jnp.where(ok[..., None], jnp.stack(y, -1), 0))
         return tuple(x[..., k] for k in range(8))
 
-    z0 = tuple(q1[i] + h * qd1[i] for i in range(7)) + (lam1,)
+    z0 = materialize(*(q1[i] + h * qd1[i] for i in range(7))) + (lam1,)
     z, aux = jax.lax.custom_root(full, z0, newton, tangent_solve, has_aux=True)
     aux = jax.lax.stop_gradient(aux)
     iterations = aux[0].astype(jnp.int32)
@@ -722,7 +722,9 @@ def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, m
     rot = _quat_angle(e1, tuple(e1[j] + s * qd1[3 + j] for j in range(4))) * (h / s)
     rot = jnp.where(ok, jnp.maximum(rot, _quat_angle(e1, q2[3:])), rot)
     status = jnp.where(ok & (rot > max_rotation), Status.ROTATION_LIMIT, status)
-    out = jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, carry)
+    leaves, treedef = jax.tree_util.tree_flatten(new)
+    sel = [jnp.where(ok, a, b) for a, b in zip(leaves, jax.tree_util.tree_leaves(carry))]
+    out = jax.tree_util.tree_unflatten(treedef, materialize_chunks(*sel, size=8))  # 3 loops, not 22
     return out, make_info(status, iterations, jax.lax.stop_gradient(res), jax.lax.stop_gradient(rot))
 
 
