@@ -217,6 +217,9 @@ def lu_factor_small(A: jax.Array) -> tuple[SmallLU, jax.Array]:
     fn = _lu_factor
     for _ in A.shape[:-2]:
         fn = jax.vmap(fn)
+    if A.shape[-1] == 0:
+        # no elimination stages: the pivots (…, 0) carry the batch axes
+        return SmallLU(_LapackLU(jnp.zeros(A.shape, A.dtype), jnp.zeros(A.shape[:-1], jnp.int32))), jnp.zeros(A.shape[:-1], A.dtype)
     factors, pivots = fn(A)
     return SmallLU(factors), pivots
 
@@ -349,7 +352,7 @@ def solve_components(A, b, *, materialize_b: bool = False, factors: bool = False
             f"lengths {[len(r) for r in A]} and b of length {len(b)}"
         )
     if n == 0:
-        return (), ()
+        return ((), (), ComponentsLU((), (), (), ())) if factors else ((), ())
     dtype = jnp.result_type(*[a for row in A for a in row], *b)
     if not jnp.issubdtype(dtype, jnp.inexact):
         dtype = jnp.result_type(dtype, jnp.float32)

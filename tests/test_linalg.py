@@ -262,6 +262,10 @@ def test_factors_solve_further_right_hand_sides():
         for mb in (False, True):
             _, _, f = jax.jit(lambda Ac, b: solve_components(Ac, b, materialize_b=mb, factors=True))(Ac, [jnp.asarray(b[:, i]) for i in range(n)])
             check(np.stack(jax.jit(lu_solve_components)(f, [jnp.asarray(c[:, i, 0]) for i in range(n)]), -1), ref[..., 0])
+    # n = 0: three outputs with factors=True; batch axes kept (empty factors)
+    assert len(solve_components([], [], factors=True)) == 3
+    lu0, piv0 = lu_factor_small(jnp.zeros((3, 0, 0)))
+    assert piv0.shape == (3, 0) and lu_solve_small(lu0, jnp.zeros((3, 0))).shape == (3, 0)
     with pytest.raises(ValueError, match=r"\(\.\.\., n, n\)"):
         lu_factor_small(jnp.ones((2, 3)))
     with pytest.raises(ValueError, match="b must have shape"):
