@@ -765,7 +765,10 @@ def ep_step(
             position-correction multipliers (``stabilized=True``) are also accepted once the
             position change they make is below ``8 eps |x|``, the positions' resolution, so
             float32 (and very small ``dt``) converge with the defaults; ``stabilized=False``
-            in float32 needs looser tolerances (e.g. ``rtol = atol = 1e-3``).
+            in float32 needs looser tolerances (e.g. ``rtol = atol = 1e-3``). In float64,
+            ``1e-14`` can stall at the round-off floor of the constraint rows (scaled by
+            ``1 / (beta' h^2)``; measured at dt = 1e-3: ``MAX_ITERATIONS`` after ~80 steps,
+            reported, state kept); ``1e-12``-``1e-13`` converge.
         max_iterations: iteration cap (iteration matrices evaluated; each iteration makes a
             Newton and a simplified-Newton update, module docstring).
         max_rotation: rad; ``max_i |omega_i| dt`` above it is flagged ``Status.ROTATION_LIMIT``
