@@ -169,7 +169,11 @@ def ensemble_fn(name: str, n_bodies: int, n_steps: int, dtype):
     ``run(states0) -> (states, all_converged)`` is the jitted ensemble rollout (the timed
     part): ``rigidjax.ensemble.ensemble_rollout`` semantics (vmap of ``rollout`` over members,
     full trajectory stored; ``"<name>-final"``: ``save_every=n``, initial and final states
-    only), one shared model. ``drift(states)`` is the max relative energy drift over members
+    only), one shared model. ``"<name>-traced"``: the model is an argument of the jitted
+    function (as in a parameter fit), so the steps see no structural zeros in it (zero
+    resistance, diagonal inertia: :func:`rigidjax._util.static_zeros`); otherwise it is a
+    constant of the compiled program, as in a plain simulation.
+    ``drift(states)`` is the max relative energy drift over members
     and time, computed apart (untimed: an energy evaluation is not simulation work, and for
     the variational step it cost as much as the rollout)."""
     import jax
@@ -177,14 +181,22 @@ def ensemble_fn(name: str, n_bodies: int, n_steps: int, dtype):
 
     import rigidjax as rj
 
+    traced = name.endswith("-traced")
+    name = name.removesuffix("-traced")
     final = name.endswith("-final")  # keep the initial and final states only (save_every=n)
     step, model, s0, energy = standard_case(name.removesuffix("-final"), dtype)
     states0 = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (n_bodies, *jnp.shape(a))) + 0, s0)
 
-    def run(states0):
+    def run_model(model, states0):
         save = n_steps if final else None
         tr = jax.vmap(lambda s: rj.rollout(step, model, s, DT, n_steps, save_every=save))(states0)
         return tr.states, jnp.all(tr.info.converged)
+
+    if traced:
+        run_jit = jax.jit(run_model)
+        run = lambda states0: run_jit(model, states0)  # noqa: E731
+    else:
+        run = jax.jit(lambda states0: run_model(model, states0))
 
     def drift(states):
         # one time slice at a time: the variational energy goes through per-point Jacobians,
@@ -193,7 +205,7 @@ def ensemble_fn(name: str, n_bodies: int, n_steps: int, dtype):
         E = jax.lax.map(lambda k: energy(model, jax.tree_util.tree_map(lambda a: a[:, k], states)), jnp.arange(T)).T
         return jnp.max(jnp.abs(E / E[:, :1] - 1))
 
-    return jax.jit(run), states0, jax.jit(drift)
+    return run, states0, jax.jit(drift)
 
 
 def subprocess_json(code: str, timeout: float, env: dict | None = None) -> dict:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import operator
+
 import jax
 import jax.numpy as jnp
 
@@ -75,6 +78,57 @@ def materialize_chunks(*xs, size: int):
     return sum((materialize(*xs[i : i + size]) for i in range(0, len(xs), size)), ())
 
 
+def static_zero(a) -> bool:
+    """True for a structural zero: a Python number equal to 0 (an entry known to vanish when
+    the program is traced, not an array). :func:`partial_jvp` returns such entries and
+    :func:`rigidjax.linalg.solve_components` skips the work they make vanish."""
+    return isinstance(a, (int, float)) and not isinstance(a, bool) and a == 0
+
+
+def sum_nonzero(products):
+    """Sum of ``a * b`` over ``(a, b)`` pairs whose ``a`` is not a structural zero; ``0.0`` if none."""
+    terms = [a * b for a, b in products if not static_zero(a)]
+    return functools.reduce(operator.add, terms) if terms else 0.0
+
+
+def static_zeros(a, batch_axes: int = 1):
+    """``a`` with its entries that are known zeros when traced replaced by ``0.0``.
+
+    ``a`` is an array ``(*batch, ...)`` with ``batch_axes`` leading axes (e.g. the bodies):
+    the result is a nested list over its trailing axes, each entry the array
+    ``a[..., i, j]`` or ``0.0`` where ``a`` is concrete (not a tracer) and that entry is 0
+    throughout the batch. A model held fixed in a rollout (e.g. zero resistance, or
+    resistance without translation-rotation coupling, diagonal inertia) thus drops the terms
+    it multiplies; a traced model (a fit of ``a``) keeps every term."""
+    import numpy as np
+
+    trailing = jnp.shape(a)[batch_axes:]
+    if is_concrete(a):
+        zero = np.all(np.asarray(a) == 0, axis=tuple(range(batch_axes)))
+    else:
+        zero = np.zeros(trailing, bool)
+
+    def build(idx):
+        if len(idx) == len(trailing):
+            return 0.0 if zero[idx] else a[(Ellipsis, *idx)]
+        return [build((*idx, i)) for i in range(trailing[len(idx)])]
+
+    return build(())
+
+
+def _depends_on_inputs(f, primals):
+    """Which outputs of ``f(*primals)`` depend on its inputs (conservatively: through any
+    equation of its jaxpr that reads a dependent variable)."""
+    from jax.extend.core import Literal
+
+    jaxpr = jax.make_jaxpr(f)(*primals).jaxpr
+    dep = set(jaxpr.invars)
+    for eqn in jaxpr.eqns:
+        if any(not isinstance(v, Literal) and v in dep for v in eqn.invars):
+            dep.update(eqn.outvars)
+    return [not isinstance(v, Literal) and v in dep for v in jaxpr.outvars]
+
+
 def partial_jvp(fn, args, slots, tangents, dtype):
     """Forward derivative of ``fn(*args)`` along a few scalar slots of its arguments only.
 
@@ -82,7 +136,9 @@ def partial_jvp(fn, args, slots, tangents, dtype):
     arrays (held fixed); ``slots`` lists ``(group, index)`` pairs into the lists and
     ``tangents`` the scalar tangent of each.
     Only the listed entries are JAX primals, so JAX traces no zero tangents for the others:
-    how the packed steps build their Newton matrices column by column.
+    how the packed steps build their Newton matrices column by column. An output that does
+    not depend on the slots at all is returned as the structural zero ``0.0``
+    (:func:`static_zero`; its instantiated zero is left for XLA to drop).
     """
 
     def f(*vals):
@@ -93,7 +149,9 @@ def partial_jvp(fn, args, slots, tangents, dtype):
 
     primals = tuple(args[grp][idx] for grp, idx in slots)
     tans = tuple(jnp.broadcast_to(jnp.asarray(t, dtype), jnp.shape(p)) for t, p in zip(tangents, primals))
-    return jax.jvp(f, primals, tans)[1]
+    out = jax.jvp(f, primals, tans)[1]
+    dep = _depends_on_inputs(f, primals)
+    return tuple(o if d else 0.0 for o, d in zip(out, dep))
 
 
 def unwrap_partial(step):

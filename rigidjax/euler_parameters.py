@@ -78,7 +78,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import so3
-from ._util import is_concrete, materialize, materialize_chunks, partial_jvp, unwrap_partial, where_tree
+from ._util import (
+    is_concrete, materialize, materialize_chunks, partial_jvp, static_zero, static_zeros, sum_nonzero, unwrap_partial, where_tree,
+)
 from .body import RigidBody
 from .info import Status, StepInfo, check, make_info
 from .linalg import lu_factor_small, lu_solve_components, lu_solve_small, solve_components, solve_small
@@ -1150,7 +1152,8 @@ def _gt(th, y, sign):
 
 
 def _mv3(A, x):
-    return tuple(A[i][0] * x[0] + A[i][1] * x[1] + A[i][2] * x[2] for i in range(3))
+    # entries of A may be structural zeros (static_zero): their terms are not traced
+    return tuple(sum_nonzero((A[i][j], x[j]) for j in range(3)) for i in range(3))
 
 
 def _cross(a, b):
@@ -1183,9 +1186,11 @@ def _packed_ep_step(
 
     body = model.body
     m = b_(body.mass)
-    J = tuple(tuple(b_(body.inertia[:, i, j]) for j in range(3)) for i in range(3))
-    Rm = tuple(tuple(b_(body.resistance[:, i, j]) for j in range(6)) for i in range(6))
-    g = tuple(b_(body.gravity[:, i]) for i in range(3))
+    # entries known to vanish (a model held fixed: diagonal inertia, no resistance or no
+    # coupling, no gravity) are structural zeros: their terms are never traced, and the Newton
+    # matrix keeps the zeros they leave for the elimination to skip
+    entries = lambda a: jax.tree_util.tree_map(lambda e: e if static_zero(e) else b_(e), static_zeros(a))  # noqa: E731
+    J, Rm, g = entries(body.inertia), entries(body.resistance), entries(body.gravity)
     ref = tuple(b_(model.reference[:, i]) for i in range(7))
     W = _wrench_array(model, wrench, dtype)
     Wc = tuple(b_(W[..., i]) if one else W[..., i] for i in range(6))
@@ -1217,7 +1222,7 @@ def _packed_ep_step(
         w = _gb(th, tht)
         w_t = _gb(th, thtt)
         tw = (*vp, *w)
-        Rt = tuple(sum(Rm[i][j] * tw[j] for j in range(6)) for i in range(6))
+        Rt = tuple(sum_nonzero((Rm[i][j], tw[j]) for j in range(6)) for i in range(6))
         lin = tuple(m * (qttp[i] - g[i]) - Wc[i] + Rt[i] for i in range(3))
         Iw, Iw_t = _mv3(J, w), _mv3(J, w_t)
         gyro = _cross(w, Iw)
@@ -1252,17 +1257,20 @@ def _packed_ep_step(
 
         cols = [column([(3, i), (4, i)], [c_v, 1.0]) for i in range(3)]
         cols += [column([(0, j), (1, j), (2, j)], [s * c_q, c_v, 1.0]) for j in range(4)]
-        zero = jnp.zeros_like(F[0])
-        lam_col = (zero,) * 3 + tuple(-2 * t for t in th) + (zero,) * (len(F) - 7)
+        lam_col = (0.0,) * 3 + tuple(-2 * t for t in th) + (0.0,) * (len(F) - 7)
         cols.append(lam_col)
         if with_mu:
             cols.append(column([(0, j) for j in range(4)], [k_mu * t for t in th_hat]))
         # one loop for the whole matrix (XLA would otherwise recompute it inside every consumer)
-        # column by column: one column's entries share its tangents
+        # column by column: one column's entries share its tangents; structural zeros stay
         n = n_unknowns
-        flat = materialize_chunks(*F, *(cols[c][r] for c in range(n) for r in range(n)), size=n)
-        F, flat = flat[:n], flat[n:]
-        A = [[flat[c * n + r] for c in range(n)] for r in range(n)]
+        ent = [cols[c][r] for c in range(n) for r in range(n)]
+        live = [k for k, e in enumerate(ent) if not static_zero(e)]
+        flat = materialize_chunks(*F, *(ent[k] for k in live), size=n)
+        F = flat[:n]
+        for k, v in zip(live, flat[n:]):
+            ent[k] = v
+        A = [[ent[c * n + r] for c in range(n)] for r in range(n)]
         return F, A
 
     def amax(xs):
@@ -1279,7 +1287,8 @@ def _packed_ep_step(
         def body_fn(c):
             it, z, _, _, _ = c
             r, A = newton_matrix(z)
-            d, piv, lu = solve_components(A, list(r), materialize_b=True, factors=True)
+            # translation first, pivoting within its block (m I + c_v R_vv: well conditioned)
+            d, piv, lu = solve_components(A, list(r), materialize_b=True, factors=True, leading=3)
             d = materialize(*d)  # one loop for the back substitution (else one per consumer)
             z1 = tuple(zi - di for zi, di in zip(z, d))
             # the simplified-Newton update with the same factors (ep_step's newton)

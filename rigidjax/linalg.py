@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
@@ -137,7 +138,9 @@ def _back_substitute(urows, rrows, inverse_pivots=None):
     for i in reversed(range(n)):
         s = rrows[i]
         for j in range(i + 1, n):
-            s = s - urows[i][j - i] * x[j]
+            u = urows[i][j - i]
+            if not (isinstance(u, (int, float)) and u == 0):  # a structural zero
+                s = s - u * x[j]
         x[i] = s / urows[i][0] if inverse_pivots is None else s * inverse_pivots[i]
     return x
 
@@ -296,18 +299,27 @@ def solve_small(A: jax.Array, b: jax.Array) -> jax.Array:
     return X[..., 0] if vector else X
 
 
-class ComponentsLU(NamedTuple):
+class ComponentsLU(eqx.Module):
     """The factors of ``P A = L U`` from :func:`solve_components` (``factors=True``), entry by
     entry: per stage ``k`` the pivot's index in the active block, the ``n - k - 1``
-    multipliers, the pivot row of ``U`` and the reciprocal pivot."""
+    multipliers, the pivot row of ``U`` and the reciprocal pivot; ``selects`` (static): per
+    stage the rows of the active block besides the first that may hold the pivot. Entries
+    may be structural zeros (``0.0``, :func:`rigidjax._util.static_zero`)."""
 
     pivot_index: tuple
     multipliers: tuple
     urows: tuple
     inverse_pivots: tuple
+    selects: tuple = eqx.field(static=True, default=())
 
 
-def solve_components(A, b, *, materialize_b: bool = False, factors: bool = False):
+def _candidates(n: int, k: int, leading: int) -> int:
+    """Rows of the active block (stage ``k``) that may hold the pivot: those of the leading
+    block while it is being eliminated, else all ``n - k``."""
+    return leading - k if k < leading else n - k
+
+
+def solve_components(A, b, *, materialize_b: bool = False, factors: bool = False, leading: int = 0):
     """:func:`solve_small_pivots` on a matrix given entry by entry (structure of arrays).
 
     Args:
@@ -340,10 +352,29 @@ def solve_components(A, b, *, materialize_b: bool = False, factors: bool = False
     materialised with their stage) as a third output, for further right-hand sides with
     :func:`lu_solve_components` (e.g. a simplified-Newton update).
 
+    Structural zeros: an entry of ``A`` given as the Python number ``0.0`` (not an array; see
+    :func:`rigidjax._util.static_zero`) is known to vanish when traced. The elimination
+    carries such zeros through its stages and skips what they make trivial: a zero below the
+    pivot is never a pivot candidate and needs no multiplier, a zero in the pivot row leaves
+    its column untouched, and entries a stage does not change are not stored again. A block
+    diagonal matrix thus costs its blocks' eliminations. The pivots chosen are LAPACK's (a
+    structural zero is never strictly the largest candidate).
+
+    ``leading = k > 0`` restricts the pivot search of the first ``k`` stages to the leading
+    ``k x k`` block: block elimination, i.e. the leading block factored with partial pivoting
+    and the rest eliminated through its Schur complement ``A22 - A21 A11^{-1} A12``, which
+    is then factored with partial pivoting. For a leading block known to be well conditioned
+    (a mass block ``m I``, plus damping): the same flops, but stage ``j < k`` chooses among
+    ``k - j`` rows instead of ``n - j``, which saves most of the row selects (a dense 9 x 9
+    system, N = 4096: ``leading=3`` factors and solves twice in ~20 % less time, measured).
+    The pivots (and ``U``) then differ from LAPACK's; the solution agrees to round-off while
+    ``A11`` is well conditioned (a singular ``A11`` shows as a zero pivot).
+
     Raises:
-        ValueError: ``A`` not ``n`` rows of ``n`` entries, or ``b`` not of length ``n``.
+        ValueError: ``A`` not ``n`` rows of ``n`` entries, ``b`` not of length ``n``, or
+            ``leading`` not in ``[0, n]``.
     """
-    from ._util import materialize
+    from ._util import materialize, static_zero
 
     n = len(A)
     if any(len(row) != n for row in A) or len(b) != n:
@@ -351,72 +382,119 @@ def solve_components(A, b, *, materialize_b: bool = False, factors: bool = False
             f"solve_components: A must be n rows of n entries and b of length n; got rows of "
             f"lengths {[len(r) for r in A]} and b of length {len(b)}"
         )
+    if not 0 <= leading <= n:
+        raise ValueError(f"solve_components: leading must be in [0, {n}]; got {leading}")
     if n == 0:
         return ((), (), ComponentsLU((), (), (), ())) if factors else ((), ())
-    dtype = jnp.result_type(*[a for row in A for a in row], *b)
+    nz = [a for row in A for a in row if not static_zero(a)]
+    dtype = jnp.result_type(*nz, *b)
     if not jnp.issubdtype(dtype, jnp.inexact):
         dtype = jnp.result_type(dtype, jnp.float32)
-    S = [[jnp.asarray(a, dtype) for a in row] for row in A]  # active block, m x m
+    shape = jnp.broadcast_shapes(*(jnp.shape(a) for a in (*nz, *b)))
+    full = lambda a: jnp.zeros(shape, dtype) if static_zero(a) else a  # noqa: E731
+    S = [[a if static_zero(a) else jnp.asarray(a, dtype) for a in row] for row in A]  # active block
     R = [jnp.asarray(v, dtype) for v in b]
-    urows, rrows, invs, pidx, mults = [], [], [], [], []
+    urows, rrows, invs, pidx, mults, selects = [], [], [], [], [], []
     for k in range(n):
         m = n - k
+        # rows that may hold the pivot: not a structural zero (never strictly the largest)
+        cand = tuple(i for i in range(1, _candidates(n, k, leading)) if not static_zero(S[i][0]))
         # first entry of largest magnitude (LAPACK idamax; argmax's NaN rule)
-        p = jnp.zeros(jnp.shape(S[0][0]), dtype)
-        best = jnp.abs(S[0][0])
-        for i in range(1, m):
-            a = jnp.abs(S[i][0])
-            better = (a > best) | (jnp.isnan(a) & ~jnp.isnan(best))
-            p = jnp.where(better, jnp.asarray(i, dtype), p)
-            best = jnp.where(better, a, best)
+        p = 0
+        if cand:
+            p = jnp.zeros(shape, dtype)
+            best = jnp.abs(full(S[0][0]))
+            for i in cand:
+                a = jnp.abs(S[i][0])
+                better = (a > best) | (jnp.isnan(a) & ~jnp.isnan(best))
+                p = jnp.where(better, jnp.asarray(i, dtype), p)
+                best = jnp.where(better, a, best)
         prow, rrow = list(S[0]), R[0]
-        for i in range(1, m):
+        for i in cand:
             sel = p == i
-            prow = [jnp.where(sel, s, t) for s, t in zip(S[i], prow)]
+            prow = [_select(sel, s, t) for s, t in zip(S[i], prow)]
             rrow = jnp.where(sel, R[i], rrow)
+        prow[0] = full(prow[0])
         # the reciprocal pivot, stored with the pivot row: the multipliers and the back
         # substitution multiply by it (a division XLA would not duplicate into the stage loops
         # compiles to one extra small loop per row); an all-zero column: multipliers 0, as LAPACK
         inv = 1 / jnp.where(prow[0] == 0, jnp.ones_like(prow[0]), prow[0])
         # by default only what depends on A is materialised: the solve stays linear
-        # (transposable) in b
+        # (transposable) in b; entries this stage leaves unchanged are not copied
+        moved = [j for j in range(m) if cand and not static_zero(prow[j])]
+        head = ([p] if cand else []) + [inv] + ([rrow] if materialize_b else [])
+        flat = materialize(*head, *(prow[j] for j in moved))
+        head, flat = flat[: len(head)], flat[len(head) :]
+        if cand:
+            p, *head = head
+        inv = head[0]
         if materialize_b:
-            p, inv, rrow, *prow = materialize(p, inv, rrow, *prow)
-        else:
-            p, inv, *prow = materialize(p, inv, *prow)
+            rrow = head[1]
+        for j, v in zip(moved, flat):
+            prow[j] = v
         urows.append(list(prow))
         rrows.append(rrow)
         invs.append(inv)
         pidx.append(p)
+        selects.append(cand)
         if m == 1:
             mults.append(())
             break
-        S_new, R_new, ls = [], [], []
+        S_new, R_new, ls, new = [], [], [], []
         for i in range(1, m):
-            sel = p == i  # row i moves to the pivot's place, row 0 to row i's
-            row = [jnp.where(sel, s0, s) for s0, s in zip(S[0], S[i])]
-            r = jnp.where(sel, R[0], R[i])
-            l = row[0] * inv
+            if i in cand:
+                sel = p == i  # row i moves to the pivot's place, row 0 to row i's
+                row = [_select(sel, s0, s) for s0, s in zip(S[0], S[i])]
+                r = jnp.where(sel, R[0], R[i])
+            else:  # never the pivot row
+                row, r = S[i], R[i]
+            l = 0.0 if static_zero(row[0]) else row[0] * inv
             ls.append(l)
-            S_new.append([row[j] - l * prow[j] for j in range(1, m)])
-            R_new.append(r - l * rrow)
-        nS = (m - 1) * (m - 1)
-        flat = materialize(
-            *[a for row in S_new for a in row], *(ls if factors else ()), *(R_new if materialize_b else ())
-        )
-        if factors:
-            ls = flat[nS : nS + m - 1]
-        R = list(flat[nS + (m - 1 if factors else 0) :]) if materialize_b else R_new
+            out = []
+            for j in range(1, m):
+                if static_zero(l) or static_zero(prow[j]):
+                    out.append(row[j])
+                    if i in cand and not static_zero(row[j]):
+                        new.append((i - 1, j - 1))
+                else:
+                    out.append(full(row[j]) - l * prow[j])
+                    new.append((i - 1, j - 1))
+            S_new.append(out)
+            R_new.append(r if static_zero(l) else r - l * rrow)
+        lnew = [i for i, l in enumerate(ls) if not static_zero(l)] if factors else []
+        rnew = [i for i in range(m - 1) if i + 1 in cand or not static_zero(ls[i])] if materialize_b else []
+        out = [*(S_new[i][j] for i, j in new), *(ls[i] for i in lnew), *(R_new[i] for i in rnew)]
+        flat = materialize(*out) if out else ()
+        for (i, j), v in zip(new, flat):
+            S_new[i][j] = v
+        flat = flat[len(new) :]
+        for i, v in zip(lnew, flat):
+            ls[i] = v
+        for i, v in zip(rnew, flat[len(lnew) :]):
+            R_new[i] = v
         mults.append(tuple(ls))
-        S = [list(flat[i * (m - 1) : (i + 1) * (m - 1)]) for i in range(m - 1)]
+        S, R = S_new, R_new
     # a zero pivot divides (inf/NaN, as the array form), the reciprocal of 1 would hide it
     invs = [jnp.where(u[0] == 0, 1 / u[0], v) for u, v in zip(urows, invs)]
     x = _back_substitute(urows, rrows, invs)
     pivots = tuple(jnp.abs(u[0]) for u in urows)
     if factors:
-        lu = ComponentsLU(tuple(pidx), tuple(mults), tuple(tuple(u) for u in urows), tuple(invs))
+        lu = ComponentsLU(tuple(pidx), tuple(mults), tuple(tuple(u) for u in urows), tuple(invs), tuple(selects))
         return tuple(x), pivots, lu
     return tuple(x), pivots
+
+
+def _select(sel, a, b):
+    """``where(sel, a, b)`` for entries that may be structural zeros."""
+    from ._util import static_zero
+
+    if static_zero(a) and static_zero(b):
+        return 0.0
+    if static_zero(a):
+        a = jnp.zeros_like(b)
+    elif static_zero(b):
+        b = jnp.zeros_like(a)
+    return jnp.where(sel, a, b)
 
 
 def lu_solve_components(lu: ComponentsLU, b):
@@ -437,13 +515,16 @@ def lu_solve_components(lu: ComponentsLU, b):
     n = len(lu.urows)
     if len(b) != n:
         raise ValueError(f"lu_solve_components: b must have length {n}; got {len(b)}")
+    from ._util import static_zero
+
     R = list(b)
     rrows = []
-    for p, ls in zip(lu.pivot_index, lu.multipliers):
+    for p, ls, cand in zip(lu.pivot_index, lu.multipliers, lu.selects):
         m = len(R)
         rrow = R[0]
-        for i in range(1, m):
+        for i in cand:
             rrow = jnp.where(p == i, R[i], rrow)
         rrows.append(rrow)
-        R = [jnp.where(p == i, R[0], R[i]) - ls[i - 1] * rrow for i in range(1, m)]
+        R = [jnp.where(p == i, R[0], R[i]) if i in cand else R[i] for i in range(1, m)]
+        R = [r if static_zero(l) else r - l * rrow for r, l in zip(R, ls)]
     return tuple(_back_substitute(lu.urows, rrows, lu.inverse_pivots))

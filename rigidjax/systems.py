@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import so3
+from ._util import static_zeros, sum_nonzero
 from .body import RigidBody, RigidBodyState
 from .variational import MechanicalSystem, VIState, _check_vi_state, generalized_velocity, vi_state
 
@@ -544,8 +545,8 @@ def _free_body_del(body, resistance, q1, p1, u, h, c_minus, c_plus):
     m = jnp.asarray(body.mass, dtype)
     # the symmetric part, as autodiff of 1/2 omega.I omega uses: symmetric inertia gradients
     Is = (0.5 * (body.inertia + jnp.swapaxes(body.inertia, -1, -2))).astype(dtype)
-    J = tuple(tuple(Is[i, j] for j in range(3)) for i in range(3))
-    R = tuple(tuple(resistance[i, j].astype(dtype) for j in range(6)) for i in range(6))
+    # entries known to vanish (a model held fixed) are structural zeros: terms not traced
+    J, R = static_zeros(Is, 0), static_zeros(jnp.asarray(resistance, dtype), 0)
     g = tuple(body.gravity[i].astype(dtype) for i in range(3))
     e1 = q1[3:]
 
@@ -553,7 +554,7 @@ def _free_body_del(body, resistance, q1, p1, u, h, c_minus, c_plus):
         w = _gb(em, ed)
         Iw = _mv3(J, w)
         tw = (*xd, *w)
-        force = tuple(u[i] - sum(R[i][j] * tw[j] for j in range(6)) for i in range(6))
+        force = tuple(u[i] - sum_nonzero((R[i][j], tw[j]) for j in range(6)) for i in range(6))
         Lv = (*(m * v for v in xd), *_gt(em, Iw, 1))
         Lq = (*(m * gi for gi in g), *(-t for t in _gt(ed, Iw, 1)))
         f = (*force[:3], *_gt(em, force[3:], 1))
@@ -587,7 +588,7 @@ def _quat_angle(a, b):
 def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, max_iter, forcing_split, max_rotation):
     """:func:`rigidjax.variational.vi_step` on a :class:`VICarry` of a free rigid body; members
     where ``active`` is False keep their input state. Returns ``(carry, info)``."""
-    from ._util import materialize, materialize_chunks, partial_jvp
+    from ._util import materialize, materialize_chunks, partial_jvp, static_zero
     from .info import Status, make_info
     from .linalg import lu_solve_components, singular, solve_components, solve_small
     from .variational import _default_tol
@@ -631,11 +632,15 @@ def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, m
         cols = [column([(2, i)], [inv_h]) for i in range(3)]
         cols += [column([(0, j), (1, j), (3, j)], [0.5, inv_h, 1.0]) for j in range(4)]
         zero = jnp.zeros_like(F[0])
-        cols.append((zero,) * 3 + tuple(-q1[3 + j] + zero for j in range(4)) + (zero,))
+        cols.append((0.0,) * 3 + tuple(-q1[3 + j] + zero for j in range(4)) + (0.0,))
         # one set of loops for the whole matrix (XLA would otherwise recompute it in every consumer)
-        # column by column: one column's entries share its tangents
-        flat = materialize_chunks(*F, *(cols[c][r] for c in range(8) for r in range(8)), size=8)
-        return flat[:8], [[flat[8 + 8 * c + r] for c in range(8)] for r in range(8)]
+        # column by column: one column's entries share its tangents; structural zeros stay
+        ent = [cols[c][r] for c in range(8) for r in range(8)]
+        live = [k for k, e in enumerate(ent) if not static_zero(e)]
+        flat = materialize_chunks(*F, *(ent[k] for k in live), size=8)
+        for k, v in zip(live, flat[8:]):
+            ent[k] = v
+        return flat[:8], [[ent[8 * c + r] for c in range(8)] for r in range(8)]
 
     act = jnp.asarray(active) if active is not None else jnp.bool_(True)
     batch = jnp.shape(q1[0])
@@ -655,7 +660,8 @@ def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, m
             it, z, conv, sing = c
             run = running(it, z, conv, sing)
             r, A = newton_matrix(z)
-            d, piv, lu = solve_components(A, [-x for x in r], materialize_b=True, factors=True)
+            # translation first, pivoting within its block ((m/h) I + c R_vv: well conditioned)
+            d, piv, lu = solve_components(A, [-x for x in r], materialize_b=True, factors=True, leading=3)
             # one loop for the back substitution and the running flag (else every consumer
             # recomputes them: XLA:CPU fuses producers into each consumer)
             *d, run = materialize(*d, run.astype(dtype))

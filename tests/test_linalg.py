@@ -233,6 +233,56 @@ def test_solve_components_matches_numpy_and_hand_pivots():
         solve_components([[1.0, 2.0], [3.0]], [1.0, 2.0])
 
 
+def test_structural_zeros_and_leading_block_pivoting():
+    # solve_components with entries given as the structural zero 0.0 (skipped by the
+    # elimination) and leading=3 (pivots of the first 3 stages within the leading block: block
+    # elimination through the Schur complement), the Euler-parameter Newton matrix's pattern:
+    # a mass block m I, coupling partly absent, zero multiplier columns in the constraint rows
+    from rigidjax.linalg import lu_solve_components, solve_components
+
+    n, batch = 9, 64
+    eps = np.finfo(np.float64).eps
+    rng = np.random.default_rng(13)
+    A, b = _random_system(rng, batch, n)
+    c = rng.standard_normal((batch, n))
+    zero = np.zeros((n, n), bool)
+    zero[:3, :3] = ~np.eye(3, dtype=bool)  # diagonal mass block
+    zero[:3, 3:] = zero[3:, :3] = True  # no translation-rotation coupling ...
+    zero[0, 4] = zero[4, 0] = False  # ... but for one pair
+    zero[7:, 7:] = True  # constraint rows x multiplier columns
+    zero[1, 3] = False  # one entry above the block diagonal
+    A[:, zero] = 0.0
+    A[:, [0, 1, 2], [0, 1, 2]] = rng.uniform(1.0, 3.0, (batch, 3))  # m > 0
+    ref, ref_c = np.linalg.solve(A, b[..., None])[..., 0], np.linalg.solve(A, c[..., None])[..., 0]
+    # two backward-stable eliminations (the block one: A11 well conditioned here, growth O(1)):
+    # difference below 4 n cond eps, as for solve_small
+    bound = 4 * n * np.linalg.cond(A) * eps
+
+    def entries(M):
+        return [[0.0 if zero[i, j] else jnp.asarray(M[:, i, j]) for j in range(n)] for i in range(n)]
+
+    for leading in (0, 3):
+        for mb in (False, True):
+            x, piv, lu = jax.jit(
+                lambda Ac, bc: solve_components(Ac, bc, materialize_b=mb, factors=True, leading=leading)
+            )(entries(A), [jnp.asarray(b[:, i]) for i in range(n)])
+            x2 = jax.jit(lu_solve_components)(lu, [jnp.asarray(c[:, i]) for i in range(n)])
+            for got, want in ((x, ref), (x2, ref_c)):
+                err = np.linalg.norm(np.stack(got, -1) - want, axis=-1) / np.linalg.norm(want, axis=-1)
+                assert np.all(err <= bound), (err / bound).max()
+            # |det A| = prod |U_ii| for any row permutation: the pivots are a factorisation's
+            np.testing.assert_allclose(np.prod(np.stack(piv, -1), -1), np.abs(np.linalg.det(A)), rtol=1e-10)
+            assert not np.any(np.asarray(singular(jnp.stack(piv, -1))))
+    # a column that is structurally zero: singular (a zero pivot), as LAPACK's skipped column
+    Z = entries(A)
+    for i in range(n):
+        Z[i][5] = 0.0
+    _, piv = solve_components(Z, [jnp.asarray(b[:, i]) for i in range(n)], leading=3)
+    assert np.all(np.asarray(singular(jnp.stack(piv, -1))))
+    with pytest.raises(ValueError, match="leading must be in"):
+        solve_components(entries(A), [jnp.asarray(b[:, i]) for i in range(n)], leading=n + 1)
+
+
 def test_factors_solve_further_right_hand_sides():
     # lu_factor_small / lu_solve_small and solve_components(factors=True) / lu_solve_components:
     # the factors a simplified-Newton update reuses solve a NEW right-hand side as LAPACK does
