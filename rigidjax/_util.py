@@ -86,9 +86,42 @@ def static_zero(a) -> bool:
 
 
 def sum_nonzero(products):
-    """Sum of ``a * b`` over ``(a, b)`` pairs whose ``a`` is not a structural zero; ``0.0`` if none."""
-    terms = [a * b for a, b in products if not static_zero(a)]
+    """Sum of ``a * b`` over the ``(a, b)`` pairs with no structural zero; ``0.0`` if none
+    (left to right, as ``a0 * b0 + a1 * b1 + ...``)."""
+    terms = [a * b for a, b in products if not (static_zero(a) or static_zero(b))]
     return functools.reduce(operator.add, terms) if terms else 0.0
+
+
+def zadd(*xs):
+    """Sum of the terms that are not structural zeros (left to right); ``0.0`` if none."""
+    terms = [x for x in xs if not static_zero(x)]
+    return functools.reduce(operator.add, terms) if terms else 0.0
+
+
+def zmul(a, b):
+    """``a * b``, a structural zero if either factor is one."""
+    return 0.0 if static_zero(a) or static_zero(b) else a * b
+
+
+def zneg(a):
+    """``-a``, a structural zero kept as such."""
+    return 0.0 if static_zero(a) else -a
+
+
+def zero_pattern(*arrays) -> tuple | None:
+    """Per-entry flags "known to be 0" of ``(array, k)`` pairs, ``k`` the number of trailing
+    entry axes (leading axes are a batch), as a hashable tuple (one flat tuple of bools per
+    array, row-major): a static argument for code that drops the terms those entries
+    multiply. ``None`` if any array is traced (nothing is known)."""
+    import numpy as np
+
+    if not all(is_concrete(a) for a, _ in arrays):
+        return None
+    out = []
+    for a, k in arrays:
+        v = np.asarray(a)
+        out.append(tuple(bool(z) for z in np.all(v == 0, axis=tuple(range(v.ndim - k))).ravel()))
+    return tuple(out)
 
 
 def static_zeros(a, batch_axes: int = 1):

@@ -48,7 +48,7 @@ from jaxlie.utils import get_epsilon
 from . import so3
 from .body import RigidBody, RigidBodyState, check_step_inputs
 from ._util import materialize as _materialize
-from ._util import unwrap_partial
+from ._util import static_zero, sum_nonzero, unwrap_partial, zadd, zero_pattern, zmul, zneg
 from .info import Status, StepInfo, make_info
 
 __all__ = ["gyroscopic_term", "gyroscopic_jacobian", "midpoint_step", "step_matrix", "step_solve"]
@@ -98,12 +98,16 @@ def _block(A, rows, cols):
     return tuple(tuple(A[..., i, j] for j in cols) for i in rows)
 
 
+# Entries may be structural zeros (``0.0``, :func:`rigidjax._util.static_zero`: a model held
+# fixed with diagonal inertia, no resistance, no gravity); the terms they multiply are not traced.
+
+
 def _mv(A, x):
-    return tuple(r[0] * x[0] + r[1] * x[1] + r[2] * x[2] for r in A)
+    return tuple(sum_nonzero(zip(r, x)) for r in A)
 
 
 def _mm(A, B):
-    return tuple(tuple(r[0] * B[0][j] + r[1] * B[1][j] + r[2] * B[2][j] for j in range(3)) for r in A)
+    return tuple(tuple(sum_nonzero((r[k], B[k][j]) for k in range(3)) for j in range(3)) for r in A)
 
 
 def _cross(a, b):
@@ -116,9 +120,12 @@ def _inv3(A):
     The scaling keeps ``det`` in range in float32 for any units (e.g. ``I/dt ~ 1e-17`` for a
     milligram body); a singular ``A`` gives inf/NaN, caught by the step's finiteness check.
     """
+    if all(static_zero(A[i][j]) for i in range(3) for j in range(3) if i != j):
+        return tuple(tuple(1 / A[i][i] if i == j else 0.0 for j in range(3)) for i in range(3))
     s = (jnp.abs(A[0][0]) + jnp.abs(A[1][1]) + jnp.abs(A[2][2])) / 3
     r = 1 / s
-    (a, b, c), (d, e, f), (g, h, i) = ((x * r for x in row) for row in A)
+    zero = jnp.zeros_like(s)
+    (a, b, c), (d, e, f), (g, h, i) = ((zero if static_zero(x) else x * r for x in row) for row in A)
     c00, c01, c02 = e * i - f * h, c * h - b * i, b * f - c * e
     c10, c11, c12 = f * g - d * i, a * i - c * g, c * d - a * f
     c20, c21, c22 = d * h - e * g, b * g - a * h, a * e - b * d
@@ -126,36 +133,49 @@ def _inv3(A):
     return ((c00 * k, c01 * k, c02 * k), (c10 * k, c11 * k, c12 * k), (c20 * k, c21 * k, c22 * k))
 
 
-def _model_parts(body: RigidBody):
+def _zero_pattern(body: RigidBody):
+    """The entries of inertia, resistance and gravity known to be 0 (a concrete body), for
+    :func:`_model_parts`; ``None`` for a traced body."""
+    return zero_pattern((body.inertia, 2), (body.resistance, 2), (body.gravity, 1))
+
+
+def _model_parts(body: RigidBody, zeros=None):
     """``(mass, inertia 3x3, resistance 6x6, gravity 3)`` in tuple form, each a contiguous array.
 
     Materialised once (XLA hoists it out of a rollout's scan), so the step reads contiguous
     per-component arrays instead of strided ``(N, 6, 6)`` slices; this lets XLA vectorise.
+    ``zeros`` (from :func:`_zero_pattern`): entries flagged there are the structural zero
+    ``0.0`` instead.
     """
-    J = _block(body.inertia, range(3), range(3))
-    R = _block(body.resistance, range(6), range(6))
+    J = sum(_block(body.inertia, range(3), range(3)), ())
+    R = sum(_block(body.resistance, range(6), range(6)), ())
     g = _comps(body.gravity, 3)
-    flat = _materialize(jnp.asarray(body.mass), *sum(J, ()), *sum(R, ()), *g)
-    m, Jf, Rf, gf = flat[0], flat[1:10], flat[10:46], flat[46:49]
-    return m, tuple(Jf[3 * i : 3 * i + 3] for i in range(3)), tuple(Rf[6 * i : 6 * i + 6] for i in range(6)), gf
+    flat = [jnp.asarray(body.mass), *J, *R, *g]
+    if zeros is not None:
+        flags = (False, *zeros[0], *zeros[1], *zeros[2])
+        flat = [0.0 if z else a for a, z in zip(flat, flags)]
+    live = [k for k, a in enumerate(flat) if not static_zero(a)]
+    for k, a in zip(live, _materialize(*(flat[k] for k in live))):
+        flat[k] = a
+    m, Jf, Rf, gf = flat[0], flat[1:10], flat[10:46], tuple(flat[46:49])
+    return m, tuple(tuple(Jf[3 * i : 3 * i + 3]) for i in range(3)), tuple(tuple(Rf[6 * i : 6 * i + 6]) for i in range(6)), gf
 
 
 def _solve_blocks(mass, J, Rt, omega, rhs, dt):
     """Solve ``(M/dt + R - K/2) dV = rhs`` by block elimination; tuple form in and out."""
     Iw = _mv(J, omega)
     # K = hat(I w) - hat(w) I
-    hIw = ((0, -Iw[2], Iw[1]), (Iw[2], 0, -Iw[0]), (-Iw[1], Iw[0], 0))
+    hIw = ((0.0, -Iw[2], Iw[1]), (Iw[2], 0.0, -Iw[0]), (-Iw[1], Iw[0], 0.0))
     w0, w1, w2 = omega
     hwJ = (  # hat(omega) @ I, written without the zero products
-        tuple(w1 * J[2][j] - w2 * J[1][j] for j in range(3)),
-        tuple(w2 * J[0][j] - w0 * J[2][j] for j in range(3)),
-        tuple(w0 * J[1][j] - w1 * J[0][j] for j in range(3)),
+        tuple(zadd(zmul(w1, J[2][j]), zneg(zmul(w2, J[1][j]))) for j in range(3)),
+        tuple(zadd(zmul(w2, J[0][j]), zneg(zmul(w0, J[2][j]))) for j in range(3)),
+        tuple(zadd(zmul(w0, J[1][j]), zneg(zmul(w1, J[0][j]))) for j in range(3)),
     )
     inv_dt = 1 / dt
     m_dt = mass * inv_dt
-    eye = ((1, 0, 0), (0, 1, 0), (0, 0, 1))
     # translation block and coupling: independent of omega (XLA hoists them out of a scan)
-    A11 = tuple(tuple(m_dt * eye[i][j] + Rt[i][j] for j in range(3)) for i in range(3))
+    A11 = tuple(tuple(zadd(m_dt if i == j else 0.0, Rt[i][j]) for j in range(3)) for i in range(3))
     A12 = tuple(Rt[i][3:] for i in range(3))
     A21 = tuple(Rt[3 + i][:3] for i in range(3))
     inv11 = _inv3(A11)
@@ -166,29 +186,33 @@ def _solve_blocks(mass, J, Rt, omega, rhs, dt):
     A21y = _mv(A21, y1)
     S = tuple(
         tuple(
-            J[i][j] * inv_dt + Rt[3 + i][3 + j] - 0.5 * (hIw[i][j] - hwJ[i][j]) - A21P[i][j]
+            zadd(zmul(J[i][j], inv_dt), Rt[3 + i][3 + j], zneg(zmul(0.5, zadd(hIw[i][j], zneg(hwJ[i][j])))), zneg(A21P[i][j]))
             for j in range(3)
         )
         for i in range(3)
     )
-    r2 = tuple(b2[i] - A21y[i] for i in range(3))
+    r2 = tuple(zadd(b2[i], zneg(A21y[i])) for i in range(3))
     x2 = _mv(_inv3(S), r2)
     Px2 = _mv(P, x2)
-    x1 = tuple(y1[i] - Px2[i] for i in range(3))
-    return _materialize(*x1, *x2)
+    x1 = tuple(zadd(y1[i], zneg(Px2[i])) for i in range(3))
+    out = [*x1, *x2]
+    live = [k for k, a in enumerate(out) if not static_zero(a)]
+    for k, a in zip(live, _materialize(*(out[k] for k in live))):
+        out[k] = a
+    return tuple(out)
 
 
 def _twist_rhs(parts, velocity, omega, wrench, dtype):
     """``F - [0; omega x I omega] - R V`` in tuple form (6 arrays)."""
     mass, J, R, g = parts
     gyro = _cross(omega, _mv(J, omega))
-    F = [mass * g[0], mass * g[1], mass * g[2], 0, 0, 0]
+    F = [zmul(mass, g[0]), zmul(mass, g[1]), zmul(mass, g[2]), 0.0, 0.0, 0.0]
     if wrench is not None:
         wr = _comps(jnp.asarray(wrench, dtype), 6)
-        F = [F[i] + wr[i] for i in range(6)]
+        F = [zadd(F[i], wr[i]) for i in range(6)]
     V = tuple(velocity) + tuple(omega)
-    RV = [sum(R[i][j] * V[j] for j in range(6)) for i in range(6)]
-    return tuple(F[i] - (gyro[i - 3] if i >= 3 else 0) - RV[i] for i in range(6))
+    RV = [sum_nonzero(zip(R[i], V)) for i in range(6)]
+    return tuple(zadd(F[i], zneg(gyro[i - 3] if i >= 3 else 0.0), zneg(RV[i])) for i in range(6))
 
 
 def step_solve(body: RigidBody, omega: jax.Array, rhs: jax.Array, dt) -> jax.Array:
@@ -204,6 +228,7 @@ def step_solve(body: RigidBody, omega: jax.Array, rhs: jax.Array, dt) -> jax.Arr
     dt = jnp.asarray(dt, rhs.dtype)
     mass, J, R, _ = _model_parts(body)
     dV = _solve_blocks(mass, J, R, _comps(omega, 3), _comps(rhs, 6), dt)
+    dV = tuple(jnp.zeros_like(rhs[..., 0]) if static_zero(c) else c for c in dV)
     shape = jnp.broadcast_shapes(*(jnp.shape(c) for c in dV))
     return jnp.stack([jnp.broadcast_to(c, shape) for c in dV], -1)
 
@@ -261,14 +286,15 @@ def _finalize(t, x, q, v, omega, x1, q1, v1, w1, dt, active):
     return t1, comps[:3], comps[3:7], comps[7:10], comps[10:], rotation, ok
 
 
-def _core_fast(body, t, x, q, v, omega, wrench, dt, active, attitude):
-    """The step on per-component arrays (primal values): closed-form solve, materialised."""
+def _core_fast(body, t, x, q, v, omega, wrench, dt, active, attitude, zeros=None):
+    """The step on per-component arrays (primal values): closed-form solve, materialised.
+    ``zeros``: :func:`_zero_pattern` of ``body`` (its terms known to vanish), or ``None``."""
     dtype = omega[0].dtype
-    parts = _model_parts(body)
+    parts = _model_parts(body, zeros)
     rhs = _twist_rhs(parts, v, omega, wrench, dtype)
     dV = _solve_blocks(parts[0], parts[1], parts[2], omega, rhs, dt)
-    v1 = tuple(v[i] + dV[i] for i in range(3))
-    w1 = tuple(omega[i] + dV[3 + i] for i in range(3))
+    v1 = tuple(zadd(v[i], dV[i]) for i in range(3))
+    w1 = tuple(zadd(omega[i], dV[3 + i]) for i in range(3))
     x1 = tuple(x[i] + dt * v1[i] for i in range(3))
     w_att = w1 if attitude == "new" else tuple(0.5 * (omega[i] + w1[i]) for i in range(3))
     q1 = _quat_exp_mul(q, tuple(dt * c for c in w_att), get_epsilon(jnp.dtype(dtype)))
@@ -442,16 +468,18 @@ def _core_linearized(primals, tangents, attitude, ok):
     return jax.jvp(finalize, p, tt)
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(9,))
-def _core(body, t, x, q, v, omega, wrench, dt, active, attitude):
-    return _core_fast(body, t, x, q, v, omega, wrench, dt, active, attitude)
+@functools.partial(jax.custom_jvp, nondiff_argnums=(9, 10))
+def _core(body, t, x, q, v, omega, wrench, dt, active, attitude, zeros):
+    # zeros: the body's zero pattern, found outside (where the body may be concrete; inside
+    # custom_jvp it is always traced)
+    return _core_fast(body, t, x, q, v, omega, wrench, dt, active, attitude, zeros)
 
 
 @_core.defjvp
-def _core_jvp(attitude, primals, tangents):
+def _core_jvp(attitude, zeros, primals, tangents):
     # the primal from the structure-of-arrays step (its few fused loops are cheaper than the
     # array form's many small kernels when there are few tangents), the tangent in array form
-    out = _core_fast(*primals, attitude)
+    out = _core_fast(*primals, attitude, zeros)
     tangents = (*tangents[:8], np.zeros(jnp.shape(primals[8]), jax.dtypes.float0))
     return out, _core_linearized(primals, tangents, attitude, out[-1])[1]
 
@@ -520,7 +548,7 @@ def _packed_step(body, carry: MidpointCarry, wrench, dt, active, attitude, max_r
     run = valid if active is None else active & valid
     t1, x1, q1, v1, w1, rotation, ok = _core(
         body, carry.time, carry.position, carry.orientation, carry.velocity, carry.angular_velocity,
-        wrench, dt, run, attitude,
+        wrench, dt, run, attitude, _zero_pattern(body),
     )
     finite = ok | ~run
     status = jnp.where(
