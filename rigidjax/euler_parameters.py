@@ -1387,6 +1387,16 @@ def packed_form(step, model):
     matrix, convergence tests, status codes; round-off apart), with each coordinate its own
     array and the Newton matrix assembled and eliminated entry by entry
     (:func:`rigidjax.linalg.solve_components`), which XLA:CPU runs as a few vectorised loops.
+
+    A model held fixed in the rollout (a constant of the compiled program) has its zero
+    entries (off-diagonal inertia, resistance, translation-rotation coupling, gravity) as
+    structural zeros: their terms are never traced and the Newton matrix keeps exact zeros
+    that the elimination skips (no coupling: a 3 x 3 and a 6 x 6 elimination instead of one
+    9 x 9; measured 2x the throughput at N = 4096). A traced model (a fit) gets the dense
+    path. The elimination takes the translation unknowns first, pivoting within their block
+    (``m I`` plus damping; ``leading=3``), then the rest through its Schur complement, so the
+    singularity test reads that elimination's pivots: a translation block made singular by an
+    unphysical (negative) damping reports ``SINGULAR``.
     """
     from .midpoint import PackedStep
 

@@ -746,6 +746,16 @@ def packed_form(step, system):
     (:func:`rigidjax.linalg.solve_components`) instead of ``jax.jacfwd`` of ``jax.grad`` of
     the discrete Lagrangian on ``(..., 7)`` arrays. As there, the inertia enters through its
     symmetric part (symmetric gradients) and the model follows the state's dtype.
+
+    Two savings keep the iterates (round-off apart): a body held fixed in the rollout (a
+    constant of the compiled program, not traced) has its zero entries (off-diagonal inertia,
+    resistance, translation-rotation coupling) as structural zeros, so their terms are never
+    traced and the Newton matrix keeps exact zeros that the elimination skips; and the
+    elimination takes the three translation unknowns first, pivoting within their block
+    (``(m/h) I`` plus damping; ``leading=3``), then the rest through its Schur complement.
+    A traced body (a fit of its parameters) gets the dense path. The singularity test then
+    reads that elimination's pivots (not LAPACK's): a translation block made singular by an
+    unphysical (negative) damping of order ``m/h`` reports ``SINGULAR``.
     """
     from ._util import unwrap_partial
     from .midpoint import PackedStep
