@@ -443,7 +443,10 @@ def _wrench_array(model: EPModel, wrench, dtype) -> jax.Array:
     if w.shape == (6,) and nb == 1:
         return w[None]
     if w.shape != (nb, 6):
-        raise ValueError(f"wrench must have shape (nb, 6) = ({nb}, 6) (or (6,) for one body); got {w.shape}")
+        raise ValueError(
+            f"wrench must have shape (nb, 6) = ({nb}, 6) (or (6,) for one body); got {w.shape}. Per-member "
+            "wrenches of an ensemble: jax.vmap over states and loads together (rigidjax.ensemble.ensemble_rollout)"
+        )
     return w
 
 

@@ -759,7 +759,7 @@ def packed_form(step, system):
     """
     from ._util import unwrap_partial
     from .midpoint import PackedStep
-    from .variational import _check_split, _split_inputs, vi_step
+    from .variational import _check_input_batch, _check_split, _split_inputs, vi_step
 
     step, kwargs = unwrap_partial(step)
     if step is not vi_step or not isinstance(system, MechanicalSystem):
@@ -782,7 +782,8 @@ def packed_form(step, system):
         raise ValueError(f"vi_step: max_rotation must be > 0 rad (inf disables the check); got {options['max_rotation']}")
 
     def check(system, state, inputs, dt):
-        _split_inputs(system, inputs, state.q.dtype)
+        u, _ = _split_inputs(system, inputs, state.q.dtype)
+        _check_input_batch(u, state.q.shape[:-1], "u")
 
     return PackedStep(
         pack=_pack_vi, unpack=_unpack_vi, step=functools.partial(_packed_vi_step, **options), check=check, attitude=None

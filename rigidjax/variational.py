@@ -652,6 +652,19 @@ def _solve_del(system, q1, p1, u, rho, t1, dt, guess, rtol, atol, max_iter, forc
     return x, _NewtonAux(aux[0].astype(jnp.int32), aux[1] > 0.5, aux[2] > 0.5, aux[3] > 0.5)
 
 
+def _check_input_batch(a, batch, name, where="vi_step"):
+    """``a (…, k)`` must broadcast against the state's batch axes without enlarging them."""
+    try:
+        ok = tuple(np.broadcast_shapes(tuple(jnp.shape(a)[:-1]), tuple(batch))) == tuple(batch)
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{where}: {name} has batch shape {jnp.shape(a)[:-1]} but the state has {tuple(batch)}; inputs must "
+            f"broadcast against the state's ensemble axes (per-step loads of a rollout: (n_steps, …, k))"
+        )
+
+
 def _split_inputs(system, inputs, dtype, where="vi_step"):
     if system.kinematic:
         if not (isinstance(inputs, (tuple, list)) and len(inputs) == 2):
@@ -795,6 +808,8 @@ def vi_step(
     if state.lam.shape[-1:] != (system.n_constraints,):
         raise ValueError(f"vi_step: state.lam must have shape (…, {system.n_constraints}); got {state.lam.shape}")
     u, rho = _split_inputs(system, inputs, dtype)
+    _check_input_batch(u, state.q.shape[:-1], "u")
+    _check_input_batch(rho, state.q.shape[:-1], "rho")
     rtol, atol = _default_tol(dtype, rtol, atol)
     _check_split(forcing_split)
     max_rotation = float(max_rotation)

@@ -177,3 +177,15 @@ def test_packed_gradients_symmetric_in_inertia_and_finite_despite_a_failed_membe
     fd_I = (f(I0 + h * E, 2.0) - f(I0 - h * E, 2.0)) / (2 * h)
     np.testing.assert_allclose(gm, fd_m, rtol=1e-6)
     np.testing.assert_allclose(gI[0, 1] + gI[1, 0], fd_I, rtol=1e-6, atol=1e-10)
+
+
+def test_loads_of_the_wrong_ensemble_size_are_a_clear_error():
+    # 3 members, loads for 2: named at the boundary (fast path and the public step alike),
+    # not a broadcasting TypeError from inside the trace
+    system = systems.rigid_body(_body())
+    s0 = _states(system)
+    bad = jnp.zeros((N_STEPS, 2, 6))
+    with pytest.raises(ValueError, match=r"u has batch shape \(2,\) but the state has \(3,\)"):
+        rj.rollout(vi_step, system, s0, DT, N_STEPS, loads=bad)
+    with pytest.raises(ValueError, match=r"u has batch shape \(2,\) but the state has \(3,\)"):
+        vi_step(system, s0, bad[0], DT)
