@@ -760,7 +760,8 @@ def ep_step(
         wrench: ``(nb, 6)`` (``(6,)`` for one body) held over the step: force in the WORLD frame
             (N), torque about the centre of mass (N m) in ``torque_frame``; ``None`` for zero.
             Gravity and resistance come from ``model.body``.
-        dt: step, s (> 0; checked by :func:`rigidjax.rollout`).
+        dt: step, s (> 0; checked by :func:`rigidjax.rollout` where concrete; a traced
+            ``dt <= 0`` or NaN gives ``Status.INVALID_INPUT``, state unchanged).
         scheme: :class:`GeneralizedAlpha` parameters; default ``generalized_alpha(0.9)``.
         torque_frame: ``"body"`` or ``"world"``.
         rtol, atol: Newton stops when an iteration's final (simplified-Newton) increment of
@@ -787,11 +788,16 @@ def ep_step(
         norm of the scaled residual before the final (simplified-Newton) update, which
         removed it to first order (the increment was below tolerance, so the residual at the
         solution is smaller still), ``info.rotation`` ``max |omega| dt``. On
-        ``MAX_ITERATIONS``, ``SINGULAR`` or ``NONFINITE`` the input state is returned unchanged.
+        ``MAX_ITERATIONS``, ``SINGULAR``, ``NONFINITE`` or ``INVALID_INPUT`` the input state is
+        returned unchanged.
 
     Derivatives (``jax.grad``/``jvp`` w.r.t. model, state, wrench, dt) are those of the
     converged solution via the implicit function theorem (:func:`jax.lax.custom_root`).
     One system per call; use ``jax.vmap`` (or ``eqx.filter_vmap``) for ensembles.
+
+    Raises:
+        ValueError: ``state.coordinates`` not ``(nb, 7)`` (a batched state: vmap instead),
+            a wrench of the wrong shape, an unknown ``torque_frame``, ``max_iterations < 1``.
     """
     if scheme is None:
         scheme = generalized_alpha(0.9)
@@ -799,6 +805,7 @@ def ep_step(
         raise ValueError(f"torque_frame must be 'body' or 'world'; got {torque_frame!r}")
     if int(max_iterations) < 1:
         raise ValueError(f"max_iterations must be >= 1; got {max_iterations}")
+    _check_state_shape(model, state)
     dtype = state.coordinates.dtype
     rtol = _default_tol(dtype) if rtol is None else float(rtol)
     atol = _default_tol(dtype) if atol is None else float(atol)
@@ -915,6 +922,7 @@ def ep_step(
     )
     finite = jnp.all(jnp.isfinite(z)) & jnp.all(jnp.isfinite(q1)) & jnp.all(jnp.isfinite(v1))
     status = jnp.where((status == Status.SUCCESS) & ~finite, Status.NONFINITE, status)
+    status = jnp.where((h > 0) & jnp.isfinite(h), status, Status.INVALID_INPUT)  # a traced dt out of range
     ok = status == Status.SUCCESS
     new = where_tree(ok, new, state)
 
@@ -1354,12 +1362,13 @@ def _packed_ep_step(
         return bmax(jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1)), 0))
 
     new = EPCarry(carry.time + h, tuple(q1), v1, tuple(qtt1), a1, z[7])
+    dt_ok = (h > 0) & jnp.isfinite(h)  # a traced dt out of range: nothing advances
     if one:
         # elementwise over the members: the finiteness test, the selection of every component
         # and the rotation in ONE loop (else one small kernel each)
         finite = functools.reduce(jnp.logical_and, [jnp.isfinite(c) for c in (*z, *q1, *v1)])
         finite = materialize(finite.astype(dtype))[0] > 0.5
-        ok = (status == Status.SUCCESS) & finite & act
+        ok = (status == Status.SUCCESS) & finite & act & dt_ok
         leaves, treedef = jax.tree_util.tree_flatten(new)
         sel = [jnp.where(ok, a, b) for a, b in zip(leaves, jax.tree_util.tree_leaves(carry))]
         new = jax.tree_util.tree_unflatten(treedef, materialize_chunks(*sel, size=8))
@@ -1368,6 +1377,7 @@ def _packed_ep_step(
         every = jnp.stack([*z, *q1, *v1], -1)
         finite = ~bmax(~jnp.all(jnp.isfinite(every), -1))
     status = jnp.where((status == Status.SUCCESS) & ~finite, Status.NONFINITE, status)
+    status = jnp.where(dt_ok, status, Status.INVALID_INPUT)
     ok = (status == Status.SUCCESS) & act
     if not one:
         new = where_tree(ok, new, carry)
@@ -1376,7 +1386,18 @@ def _packed_ep_step(
     return new, make_info(status, iterations, res, rotation)
 
 
+def _check_state_shape(model: EPModel, state: EPState):
+    want = (model.n_bodies, 7)
+    if tuple(state.coordinates.shape) != want:
+        raise ValueError(
+            f"ep_step: state.coordinates must have shape (nb, 7) = {want} (one system); got "
+            f"{tuple(state.coordinates.shape)}. Ensembles: jax.vmap over the states "
+            "(rigidjax.ensemble.ensemble_rollout)"
+        )
+
+
 def _check_packed(model, state, wrench, dt, torque_frame):
+    _check_state_shape(model, state)
     _wrench_array(model, wrench, state.coordinates.dtype)
 
 

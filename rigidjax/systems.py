@@ -716,6 +716,7 @@ def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, m
     status = jnp.where(
         sing, Status.SINGULAR, jnp.where(~finite, Status.NONFINITE, jnp.where(converged, Status.SUCCESS, Status.MAX_ITERATIONS))
     )
+    status = jnp.where((h > 0) & jnp.isfinite(h), status, Status.INVALID_INPUT)  # a traced dt out of range
     status = jnp.where(act, status, Status.SUCCESS)
     ok = (status == Status.SUCCESS) & act
     ok = materialize(ok.astype(dtype))[0] > 0.5  # once, not inside each of the 22 selects

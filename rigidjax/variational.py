@@ -734,6 +734,8 @@ def _step_single(system, state, u, rho, dt, rtol, atol, max_iter, forcing_split,
         Status.SINGULAR,
         jnp.where(~finite, Status.NONFINITE, jnp.where(aux.converged, Status.SUCCESS, Status.MAX_ITERATIONS)),
     )
+    # a traced dt (not checked at the boundary) out of range: nothing advances
+    status = jnp.where((dt > 0) & jnp.isfinite(dt), status, Status.INVALID_INPUT)
     ok = status == Status.SUCCESS
     residual = jnp.linalg.norm(del_residual(system, jax.lax.stop_gradient(x), q1, p1, u, rho, t1, dt, forcing_split))
     # as midpoint_step / ep_step: max of the input's and the step's rotation on success, the
@@ -767,7 +769,8 @@ def vi_step(
         inputs: ``u`` ``(…, n_inputs)`` or ``None`` (zeros); for systems with kinematic
             variables the pair ``(u, rho)`` with ``rho`` ``(…, n_kinematic)`` the kinematic
             configuration at ``t_k + dt``. The force input is held over the step.
-        dt: step, s (> 0).
+        dt: step, s (> 0; checked where concrete, e.g. by :func:`rigidjax.rollout`; a traced
+            ``dt <= 0`` or NaN gives ``Status.INVALID_INPUT``, state unchanged).
         rtol, atol: Newton stops when every component of an iteration's final
             (simplified-Newton) update satisfies ``|dx_i| <= atol + rtol |x_i|``
             (``x = (q2_dynamic, lambda1)``); default ``eps^(2/3)`` of the dtype (3.7e-11 in
@@ -784,8 +787,8 @@ def vi_step(
 
     Returns:
         ``(new_state, info)``. ``info.status``: ``SUCCESS``, ``MAX_ITERATIONS``, ``SINGULAR``
-        (zero pivot in the DEL Jacobian, e.g. a coordinate without inertia), ``NONFINITE``;
-        on failure the input state is returned unchanged. ``info.iterations``: Newton
+        (zero pivot in the DEL Jacobian, e.g. a coordinate without inertia), ``NONFINITE``,
+        ``INVALID_INPUT`` (traced ``dt`` out of range); on failure the input state is returned unchanged. ``info.iterations``: Newton
         iterations (Jacobians evaluated); ``info.residual``: norm of the DEL residual at the solution;
         ``info.rotation``, rad (0 when the system defines no ``rotation``): on success the
         larger of ``system.rotation(q1, q2)`` and the rotation implied by the input velocity

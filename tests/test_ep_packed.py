@@ -117,14 +117,20 @@ def test_packed_failures_are_per_member_and_keep_the_input_state():
     body = rj.RigidBody(mass=1.0, inertia=jnp.diag(jnp.array([1.0, 2.0, 3.0])))
     model = ep.EPModel(body)
     s0 = ep.initial_state(model, angular_velocity=jnp.array([[0.01, 2.0, 0.0]]))
-    states0 = jax.tree_util.tree_map(lambda a: jnp.stack([a, a, a]), s0)
+    states0 = jax.tree_util.tree_map(lambda a: jnp.stack([a, a, a, a, a]), s0)
     n = 6
-    loads = jnp.zeros((3, n, 1, 6)).at[1, 2, 0, 4].set(jnp.nan)  # member 1: NaN torque at step 2
-    run = jax.jit(jax.vmap(lambda s, w: rj.rollout(ep.ep_step, model, s, 1e-3, n, loads=w)))
-    tr = run(states0, loads)
+    loads = jnp.zeros((5, n, 1, 6)).at[1, 2, 0, 4].set(jnp.nan)  # member 1: NaN torque at step 2
+    # members 3, 4: a traced dt out of range (not checked at the boundary): INVALID_INPUT
+    dts = jnp.array([1e-3, 1e-3, 1e-3, -1e-3, jnp.nan])
+    run = jax.jit(jax.vmap(lambda s, w, dt: rj.rollout(ep.ep_step, model, s, dt, n, loads=w)))
+    tr = run(states0, loads, dts)
     st = np.asarray(tr.info.status)
     assert np.all(st[0] == Status.SUCCESS) and np.all(st[2] == Status.SUCCESS)
     assert np.all(st[1, :2] == Status.SUCCESS) and np.all(st[1, 2:] == Status.NONFINITE)
+    assert np.all(st[3:] == Status.INVALID_INPUT)
+    np.testing.assert_array_equal(np.asarray(tr.states.coordinates[3:]), np.broadcast_to(s0.coordinates, (2, n + 1, 1, 7)))
+    with pytest.raises(ValueError, match=r"must have shape \(nb, 7\).*vmap"):  # a batched state: vmap instead
+        rj.rollout(ep.ep_step, model, states0, 1e-3, n)
     # the failed member keeps its last good state (after step 2, i.e. index 2) for the rest
     q = np.asarray(tr.states.coordinates)
     assert np.all(np.isfinite(q))

@@ -189,3 +189,14 @@ def test_loads_of_the_wrong_ensemble_size_are_a_clear_error():
         rj.rollout(vi_step, system, s0, DT, N_STEPS, loads=bad)
     with pytest.raises(ValueError, match=r"u has batch shape \(2,\) but the state has \(3,\)"):
         vi_step(system, s0, bad[0], DT)
+
+
+def test_traced_dt_out_of_range_is_invalid_input_and_keeps_the_state():
+    # rollout checks a concrete dt; a traced one (here vmapped per member) is flagged per step
+    system = systems.rigid_body(_body())
+    s0 = _states(system)
+    run = jax.jit(jax.vmap(lambda s, dt: rj.rollout(vi_step, system, s, dt, 3)))
+    tr = run(s0, jnp.array([DT, -DT, jnp.nan]))
+    st = np.asarray(tr.info.status)
+    assert np.all(st[0] == Status.SUCCESS) and np.all(st[1:] == Status.INVALID_INPUT)
+    np.testing.assert_array_equal(np.asarray(tr.states.q[1:, -1]), np.asarray(s0.q[1:]))
