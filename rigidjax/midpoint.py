@@ -161,8 +161,10 @@ def _model_parts(body: RigidBody, zeros=None):
     return m, tuple(tuple(Jf[3 * i : 3 * i + 3]) for i in range(3)), tuple(tuple(Rf[6 * i : 6 * i + 6]) for i in range(6)), gf
 
 
-def _solve_blocks(mass, J, Rt, omega, rhs, dt):
-    """Solve ``(M/dt + R - K/2) dV = rhs`` by block elimination; tuple form in and out."""
+def _solve_blocks(mass, J, Rt, omega, rhs, dt, base=None):
+    """Solve ``(M/dt + R - K/2) dV = rhs`` by block elimination; tuple form in and out.
+    With ``base`` (6 components) returns ``base + dV`` instead, in the same loop (the new
+    twist: a separate sum has several consumers and would be a kernel of its own)."""
     Iw = _mv(J, omega)
     # K = hat(I w) - hat(w) I
     hIw = ((0.0, -Iw[2], Iw[1]), (Iw[2], 0.0, -Iw[0]), (-Iw[1], Iw[0], 0.0))
@@ -196,6 +198,8 @@ def _solve_blocks(mass, J, Rt, omega, rhs, dt):
     Px2 = _mv(P, x2)
     x1 = tuple(zadd(y1[i], zneg(Px2[i])) for i in range(3))
     out = [*x1, *x2]
+    if base is not None:
+        out = [zadd(b, o) for b, o in zip(base, out)]
     live = [k for k, a in enumerate(out) if not static_zero(a)]
     for k, a in zip(live, _materialize(*(out[k] for k in live))):
         out[k] = a
@@ -292,9 +296,8 @@ def _core_fast(body, t, x, q, v, omega, wrench, dt, active, attitude, zeros=None
     dtype = omega[0].dtype
     parts = _model_parts(body, zeros)
     rhs = _twist_rhs(parts, v, omega, wrench, dtype)
-    dV = _solve_blocks(parts[0], parts[1], parts[2], omega, rhs, dt)
-    v1 = tuple(zadd(v[i], dV[i]) for i in range(3))
-    w1 = tuple(zadd(omega[i], dV[3 + i]) for i in range(3))
+    V1 = _solve_blocks(parts[0], parts[1], parts[2], omega, rhs, dt, base=(*v, *omega))
+    v1, w1 = V1[:3], V1[3:]
     x1 = tuple(x[i] + dt * v1[i] for i in range(3))
     w_att = w1 if attitude == "new" else tuple(0.5 * (omega[i] + w1[i]) for i in range(3))
     q1 = _quat_exp_mul(q, tuple(dt * c for c in w_att), get_epsilon(jnp.dtype(dtype)))
