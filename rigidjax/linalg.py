@@ -260,6 +260,8 @@ def singular(pivots: jax.Array) -> jax.Array:
 
     A pivot vanishes relative to the largest: ``min|U_ii| <= n eps max|U_ii|`` (``eps`` of
     the dtype); the Newton loops' ``Status.SINGULAR`` test. ``n = 0`` is never singular.
+    A NaN pivot is NOT flagged (comparisons with NaN are false): test finiteness apart, as
+    the steppers do (``Status.NONFINITE``).
     """
     n = pivots.shape[-1]
     eps = jnp.finfo(pivots.dtype).eps
