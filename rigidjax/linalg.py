@@ -25,10 +25,15 @@ n = 10: 9.9 ms (LAPACK ``jnp.linalg.solve``: 11-14 ms); n = 16: 95 ms (LAPACK 28
 compile 8 s). In the steps (N = 4096 torque-free bodies, float64) throughput is within the
 noise of the LAPACK version (0 to -15 %), compiling a step takes ~4 s longer (an
 elimination compiles into ~50 XLA kernels), and the results agree to round-off (the same
-pivots; identical Newton iteration counts). So the elimination buys robustness, not speed;
-above :data:`SMALL_MAX` the functions fall back to LAPACK (``jax.scipy.linalg.lu_factor``/
-``lu_solve``), where its cost and compile time (O(n^3) unrolled operations) would not pay.
-(Setting ``rigidjax.linalg.SMALL_MAX = 0`` before tracing restores LAPACK everywhere.)
+pivots; identical Newton iteration counts). So the elimination buys robustness, not speed.
+Above :data:`SMALL_MAX` (where O(n^3) unrolled operations would not pay in compile time) the
+same ``getf2``/``getrs`` run as rolled ``fori_loop``s over the columns (masked full-size
+updates; n = 22, batch 4096: 126 ms against LAPACK's 39 ms), again with no custom call: with
+LAPACK there, an ensemble of two jointed Euler-parameter bodies (22 unknowns) sharded over 2
+host devices hung forever on the 2-core VM (each device's batched ``getrf`` waited for tasks
+queued on the shared 2-thread pool; ``tests/test_linalg.py``, slow marker).
+``rigidjax.linalg.USE_LAPACK = True`` before tracing restores LAPACK above
+:data:`SMALL_MAX` (``SMALL_MAX = 0`` as well: LAPACK everywhere).
 
 Singularity: as LAPACK, a column with no nonzero pivot candidate is skipped (multipliers 0)
 and the zero pivot appears in ``U``; :func:`solve_small_pivots` returns ``|U_ii|`` and
@@ -49,10 +54,13 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-#: Largest ``n`` solved by the LAPACK-free elimination; larger systems use LAPACK. Chosen by
+#: Largest ``n`` solved by the unrolled elimination; larger systems by the rolled one. Chosen by
 #: measurement (module docstring): break-even with batched LAPACK near n = 10-12; one
 #: Euler-parameter body has 10 unknowns, one variational rigid body 8.
 SMALL_MAX = 12
+#: Above :data:`SMALL_MAX`: ``False`` (default) eliminates in a rolled loop (no custom call);
+#: ``True`` calls LAPACK (faster for one large system, but exposed to the deadlock above).
+USE_LAPACK = False
 
 
 def _check(A, b, where):
@@ -69,14 +77,62 @@ class _LapackLU(NamedTuple):
     piv: jax.Array
 
 
+def _rolled_lu_factor(A):
+    """LAPACK ``getf2`` on one ``A (n, n)`` as a ``fori_loop`` over the columns: ``(lu, piv)``
+    in ``jax.scipy.linalg.lu_factor``'s format, no custom call (the fallback above
+    :data:`SMALL_MAX`: O(n) compiled size, masked full-size updates, ~n^3 flops)."""
+    n = A.shape[-1]
+    idx = jnp.arange(n)
+
+    def stage(k, carry):
+        a, piv = carry
+        p = jnp.argmax(jnp.where(idx >= k, jnp.abs(a[:, k]), -1))  # first largest (idamax)
+        rk, rp = a[k], a[p]
+        a = jnp.where((idx == k)[:, None], rp[None], jnp.where((idx == p)[:, None], rk[None], a))
+        below = idx > k
+        # an all-zero column: multipliers 0 (LAPACK skips it); the zero pivot stays in U
+        l = jnp.where(below, a[:, k] / jnp.where(rp[k] == 0, jnp.ones_like(rp[k]), rp[k]), 0)
+        a = jnp.where(below[:, None] & (idx == k)[None, :], l[:, None], a)
+        a = jnp.where(below[:, None] & below[None, :], a - l[:, None] * rp[None, :], a)
+        return a, piv.at[k].set(p.astype(jnp.int32))
+
+    return jax.lax.fori_loop(0, n, stage, (A, jnp.zeros((n,), jnp.int32)))
+
+
+def _rolled_lu_solve(lu, piv, B):
+    """LAPACK ``getrs`` with :func:`_rolled_lu_factor`'s factors, ``B (n, k)``: rolled loops."""
+    n = lu.shape[-1]
+    if n == 0:
+        return B
+    idx = jnp.arange(n)[:, None]
+
+    def permute(k, R):
+        rk, rp = R[k], R[piv[k]]
+        return jnp.where(idx == k, rp[None], jnp.where(idx == piv[k], rk[None], R))
+
+    def forward(k, R):
+        return jnp.where(idx > k, R - lu[:, k][:, None] * R[k][None], R)
+
+    def backward(j, R):
+        k = n - 1 - j
+        xk = R[k] / lu[k, k]
+        R = jnp.where(idx == k, xk[None], R)
+        return jnp.where(idx < k, R - lu[:, k][:, None] * xk[None], R)
+
+    R = jax.lax.fori_loop(0, n, permute, B)
+    R = jax.lax.fori_loop(0, n, forward, R)
+    return jax.lax.fori_loop(0, n, backward, R)
+
+
 def _lu_factor(A):
     """One unbatched ``A (n, n)``: the factors of ``P A = L U`` and ``|U_ii| (n,)``.
 
     Small ``n``: per stage ``k`` the pivot's index in the active block, the multipliers
-    (``m - 1``) and the pivot row of ``U`` (``m``); above :data:`SMALL_MAX` LAPACK's."""
+    (``m - 1``) and the pivot row of ``U`` (``m``); above :data:`SMALL_MAX` the rolled
+    ``getf2`` (or LAPACK's with :data:`USE_LAPACK`)."""
     n = A.shape[-1]
     if n > SMALL_MAX:
-        lu, piv = jax.scipy.linalg.lu_factor(A)
+        lu, piv = jax.scipy.linalg.lu_factor(A) if USE_LAPACK else _rolled_lu_factor(A)
         return _LapackLU(lu, piv), jnp.abs(jnp.diagonal(lu))
     S = A  # active block (m, m), m = n - k
     stages = []
@@ -103,7 +159,7 @@ def _lu_factor(A):
 def _lu_solve(factors, B):
     """``x (n, k)`` from :func:`_lu_factor`'s factors of one ``A`` and ``B (n, k)``. Linear in ``B``."""
     if isinstance(factors, _LapackLU):
-        return jax.scipy.linalg.lu_solve(tuple(factors), B)
+        return jax.scipy.linalg.lu_solve(tuple(factors), B) if USE_LAPACK else _rolled_lu_solve(*factors, B)
     stages = factors
     if not stages:
         return B
@@ -176,7 +232,7 @@ def solve_small_pivots(A: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array
     Returns:
         ``x`` (shape of ``b``, batch axes broadcast) and ``(..., n)`` the magnitudes of the
         pivots ``|U_ii|`` of ``P A = L U`` (for :func:`singular`); dtype of ``A`` and ``b``
-        promoted. No LAPACK call for ``n <= SMALL_MAX``. Not differentiated w.r.t. ``A``
+        promoted. No LAPACK call (unless :data:`USE_LAPACK`). Not differentiated w.r.t. ``A``
         by a rule of its own (use :func:`solve_small` for derivatives); linear in ``b``.
 
     Raises:
@@ -206,7 +262,7 @@ def lu_factor_small(A: jax.Array) -> tuple[SmallLU, jax.Array]:
     Returns:
         ``(lu, pivots)``: the factors for :func:`lu_solve_small` and ``(..., n)`` the pivot
         magnitudes ``|U_ii|`` (for :func:`singular`). The same elimination as
-        :func:`solve_small_pivots` (equal results); no LAPACK call for ``n <= SMALL_MAX``. Not
+        :func:`solve_small_pivots` (equal results); no LAPACK call (unless :data:`USE_LAPACK`). Not
         differentiated by a rule of its own.
 
     Raises:
@@ -285,7 +341,7 @@ def _solve_jvp(primals, tangents):
 def solve_small(A: jax.Array, b: jax.Array) -> jax.Array:
     """Solve ``A x = b``: ``A (..., n, n)``, ``b (..., n)`` or ``(..., n, k)`` (as :func:`solve_small_pivots`).
 
-    Gaussian elimination with partial pivoting, no LAPACK call for ``n <= SMALL_MAX``;
+    Gaussian elimination with partial pivoting, no LAPACK call (unless :data:`USE_LAPACK`);
     jit/vmap/grad-safe (custom JVP ``dx = A^{-1}(db - dA x)``); dtype of ``A`` and ``b``
     promoted. A singular ``A`` gives a non-finite ``x``: use :func:`solve_small_pivots` and
     :func:`singular` where that must be detected.

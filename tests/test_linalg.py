@@ -320,3 +320,53 @@ def test_factors_solve_further_right_hand_sides():
         lu_factor_small(jnp.ones((2, 3)))
     with pytest.raises(ValueError, match="b must have shape"):
         lu_solve_small(lu_factor_small(jnp.eye(3))[0], jnp.ones(4))
+
+
+def test_no_lapack_above_small_max():
+    # the rolled fallback (n > SMALL_MAX, e.g. two jointed Euler-parameter bodies: 22 unknowns)
+    # has no custom call either: value, JVP and reverse mode of the solve and of the factors
+    from rigidjax import linalg
+
+    n = SMALL_MAX + 10
+    A, b = jnp.ones((4, n, n)) + 5 * jnp.eye(n), jnp.ones((4, n))
+    f = jax.vmap(lambda A, b: jax.value_and_grad(lambda A: solve_small(A, b).sum())(A))
+    assert not _lapack_targets(jax.jit(f).lower(A, b).as_text())
+    g = jax.vmap(lambda A, b: jax.grad(lambda b: linalg.lu_solve_small(linalg.lu_factor_small(A)[0], b).sum())(b))
+    assert not _lapack_targets(jax.jit(g).lower(A, b).as_text())
+
+
+DEADLOCK_PROBE = r"""
+import numpy as np, jax, jax.numpy as jnp
+jax.config.update("jax_enable_x64", True)
+import rigidjax as rj
+from rigidjax import so3
+from rigidjax.euler_parameters import EPModel, SphericalJoint, initial_state, ep_step
+from rigidjax.ensemble import ensemble_rollout
+assert len(jax.devices()) == 2
+# two jointed rods hung from the origin: 14 coordinates + 8 multipliers = 22 Newton unknowns
+bodies = rj.RigidBody(np.array([1.0, 0.6]), np.array([[0.021, 0.021, 5e-5], [0.008, 0.008, 3e-5]]), gravity=[0, 0, -9.81])
+q = np.asarray(so3.exp(jnp.array([0.0, -0.8, 0.0])))
+d = np.array([np.sin(0.8), 0.0, -np.cos(0.8)])
+ref = np.stack([np.concatenate([0.25 * d, q]), np.concatenate([0.5 * d + 0.2 * d, q])])
+joints = [SphericalJoint(0, [0, 0, 0.25]), SphericalJoint(1, [0, 0, 0.2], 0, [0, 0, -0.25])]
+model = EPModel(bodies, reference=ref, constraints=joints)
+st = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (4096, *jnp.shape(a))) + 0, initial_state(model))
+tr = ensemble_rollout(ep_step, model, st, 1e-3, 20, save_every=20, model_batched=False)
+print("RESULT", bool(jnp.all(tr.info.converged)))
+"""
+
+
+@pytest.mark.slow
+def test_two_device_ensemble_above_small_max_does_not_deadlock():
+    # Regression (seventh session): with LAPACK above SMALL_MAX, this ensemble hung forever at
+    # 0 % CPU on a 2-core machine split into 2 host devices: each device's batched getrf waited
+    # (ParallelBatchMap) for tasks queued on the shared 2-thread pool that both devices' calls
+    # occupied. The rolled elimination has no custom call. Bound: ~2-3 min when it works.
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", DEADLOCK_PROBE], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "RESULT True" in proc.stdout
