@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from ._util import is_concrete
 from .info import check
 from .midpoint import packed_form
 from .rollout import Trajectory, check_dt, rollout
@@ -80,12 +81,55 @@ def _pad(tree, pad: int):
     return jax.tree_util.tree_map(lambda a: jnp.concatenate([a, jnp.repeat(a[-1:], pad, 0)], 0), tree)
 
 
+#: Largest shared model (total entries) compiled into the program as a constant.
+CONSTANT_MODEL_MAX = 4096
+
+
+class _ConstantModel:
+    """A shared, concrete model as a compile-time constant, hashed by value.
+
+    Why: a model closed over (not a ``jit`` argument) lets the steps see its exact zeros
+    (no resistance, diagonal inertia, no gravity) as structural zeros and skip their terms,
+    as ``jax.jit(lambda s: rollout(step, model, s, ...))`` does (``rigidjax._util.static_zeros``);
+    as an argument it is traced and every term is kept (EP step at N = 4096: 1.4 against 2.3 M
+    body-steps/s). Keyed by value, so equal models share one compiled program."""
+
+    def __init__(self, tree):
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
+        arrays = [np.asarray(a) for a in leaves]
+        self.tree = tree
+        self.key = (treedef, tuple((a.shape, a.dtype.str, a.tobytes()) for a in arrays))
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def __eq__(self, other):
+        return isinstance(other, _ConstantModel) and self.key == other.key
+
+
+def _constant_model(models, model_batched: bool):
+    """``_ConstantModel(models)`` for a shared model with concrete leaves of modest size, else ``None``."""
+    leaves = jax.tree_util.tree_leaves(models)
+    if model_batched or not all(is_concrete(a) for a in leaves):
+        return None
+    if sum(int(np.size(a)) for a in leaves) > CONSTANT_MODEL_MAX:
+        return None
+    try:
+        const = _ConstantModel(models)
+        hash(const)
+    except TypeError:  # an unhashable static field: pass the model as an argument
+        return None
+    return const
+
+
 @functools.lru_cache(maxsize=64)
-def _compiled(step, n, checkpoint_every, save_every, adjoint, mesh, model_batched, loads_kind, loads_fn):
+def _compiled(step, n, checkpoint_every, save_every, adjoint, mesh, model_batched, loads_kind, loads_fn, const=None):
     spec = PartitionSpec(_AXIS)
     rep = PartitionSpec()
 
     def local(models, states0, dt, loads):
+        if const is not None:
+            models = const.tree
         opts = dict(checkpoint_every=checkpoint_every, save_every=save_every, adjoint=adjoint)
         if packed_form(step) is not None and loads_kind != "callable":
             # the midpoint step takes the batch natively: one rollout over the local members
@@ -97,7 +141,8 @@ def _compiled(step, n, checkpoint_every, save_every, adjoint, mesh, model_batche
 
         def one(model, state0, load):
             member_loads = loads_fn if loads_kind == "callable" else load
-            return rollout(step, model, state0, dt, n, member_loads, **opts)
+            # a constant model is closed over, never a vmap argument (it would be traced)
+            return rollout(step, models if const is not None else model, state0, dt, n, member_loads, **opts)
 
         in_axes = (0 if model_batched else None, 0, 0 if loads_kind == "array" else None)
         return jax.vmap(one, in_axes=in_axes)(models, states0, loads)
@@ -156,7 +201,12 @@ def ensemble_rollout(
             smallest output for large ensembles).
         adjoint: passed to :func:`rigidjax.rollout` (``"discrete"``: the midpoint step's
             hand-written reverse sweep for ``jax.grad``).
-        model_batched: ``False`` to share one unbatched model among all members.
+        model_batched: ``False`` to share one unbatched model among all members. A shared
+            model with concrete leaves (not traced by an enclosing ``jit``/``grad``) of at most
+            :data:`CONSTANT_MODEL_MAX` entries is compiled into the program as a constant, so
+            its exact zeros (no resistance, diagonal inertia, no gravity) cost nothing (EP and
+            VI steps ~1.5x faster at N = 4096); programs are cached by the model's value (a
+            new shared model compiles once; for many models, batch them instead).
         checked: raise :class:`rigidjax.StepFailure` (naming step and member) if a step failed.
         allow_rotation_limit: in checked mode, accept ``Status.ROTATION_LIMIT``.
 
@@ -191,13 +241,14 @@ def ensemble_rollout(
     D = len(devs)
     pad = (-E) % D
     mesh = Mesh(np.asarray(devs), (_AXIS,))
-    models_p = _pad(models, pad) if model_batched else models
+    const = _constant_model(models, model_batched)
+    models_p = _pad(models, pad) if model_batched else (None if const is not None else models)
     states_p = _pad(states0, pad)
     loads_p = _pad(loads_arr, pad) if loads_kind == "array" else None
     try:
-        fn = _compiled(step, n, checkpoint_every, save_every, adjoint, mesh, model_batched, loads_kind, loads_fn)
+        fn = _compiled(step, n, checkpoint_every, save_every, adjoint, mesh, model_batched, loads_kind, loads_fn, const)
     except TypeError:  # an unhashable step or loads: build (and compile) without the cache
-        fn = _compiled.__wrapped__(step, n, checkpoint_every, save_every, adjoint, mesh, model_batched, loads_kind, loads_fn)
+        fn = _compiled.__wrapped__(step, n, checkpoint_every, save_every, adjoint, mesh, model_batched, loads_kind, loads_fn, const)
     traj = fn(models_p, states_p, dt_arr, loads_p)
     if pad:
         traj = jax.tree_util.tree_map(lambda a: a[:E], traj)
