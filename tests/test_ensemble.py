@@ -123,7 +123,9 @@ def _shared_case(kind, inertia):
     return vi_step, system, jax.tree_util.tree_map(lambda *a: jnp.stack(a), *sts)
 
 
-@pytest.mark.parametrize("kind", ["midpoint", "euler-parameters", "variational"])
+@pytest.mark.parametrize(
+    "kind", ["midpoint", pytest.param("euler-parameters", marks=pytest.mark.slow), pytest.param("variational", marks=pytest.mark.slow)]
+)
 def test_shared_model_compiled_as_constant_equals_traced_model(kind):
     """A shared concrete model is compiled in as a constant (its zero entries become structural
     zeros; rigidjax.ensemble._ConstantModel); the same model as a traced jit argument keeps
