@@ -169,7 +169,9 @@ def ensemble_fn(name: str, n_bodies: int, n_steps: int, dtype):
     ``run(states0) -> (states, all_converged)`` is the jitted ensemble rollout (the timed
     part): ``rigidjax.ensemble.ensemble_rollout`` semantics (vmap of ``rollout`` over members,
     full trajectory stored; ``"<name>-final"``: ``save_every=n``, initial and final states
-    only), one shared model. ``"<name>-traced"``: the model is an argument of the jitted
+    only), one shared model. ``"<name>-ensemble"``: :func:`rigidjax.ensemble.ensemble_rollout`
+    itself (sharded over ``jax.devices()``, the shared model compiled in as a constant).
+    ``"<name>-traced"``: the model is an argument of the jitted
     function (as in a parameter fit), so the steps see no structural zeros in it (zero
     resistance, diagonal inertia: :func:`rigidjax._util.static_zeros`); otherwise it is a
     constant of the compiled program, as in a plain simulation.
@@ -181,6 +183,8 @@ def ensemble_fn(name: str, n_bodies: int, n_steps: int, dtype):
 
     import rigidjax as rj
 
+    ensemble = name.endswith("-ensemble")
+    name = name.removesuffix("-ensemble")
     traced = name.endswith("-traced")
     name = name.removesuffix("-traced")
     final = name.endswith("-final")  # keep the initial and final states only (save_every=n)
@@ -192,7 +196,14 @@ def ensemble_fn(name: str, n_bodies: int, n_steps: int, dtype):
         tr = jax.vmap(lambda s: rj.rollout(step, model, s, DT, n_steps, save_every=save))(states0)
         return tr.states, jnp.all(tr.info.converged)
 
-    if traced:
+    if ensemble:
+        from rigidjax.ensemble import ensemble_rollout
+
+        def run(states0):
+            save = n_steps if final else None
+            tr = ensemble_rollout(step, model, states0, DT, n_steps, save_every=save, model_batched=False)
+            return tr.states, jnp.all(tr.info.converged)
+    elif traced:
         run_jit = jax.jit(run_model)
         run = lambda states0: run_jit(model, states0)  # noqa: E731
     else:

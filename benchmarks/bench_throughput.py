@@ -17,7 +17,10 @@ N copies of the standard torque-free body (``I = diag(1, 2, 3)``, ``omega0 = (0.
   Newton)): ``jit(vmap(rollout))`` with the whole trajectory stored, as
   :func:`rigidjax.ensemble.ensemble_rollout` does on one device;
 * MuJoCo MJX: one free body, ``jit(vmap(mjx.step))`` inside a ``lax.scan`` (final state only),
-  MJX's default float32, Euler integrator, same inertia/rates/dt;
+  MJX's default float32, Euler integrator, same inertia/rates/dt; above ``--mjx-chunk``
+  members (2048) each step is a ``lax.map`` over vmaps of 2048, because one vmap of N >= 4096
+  deadlocks in jaxlib's batched LAPACK on 2-core CPUs (README.md); each MJX size runs in a
+  fresh subprocess under ``--peer-timeout``;
 * Exudyn: N rigid bodies (Euler-parameter nodes) in ONE system, sparse solver (EigenSparse),
   its default generalized-alpha integrator, ``SolveDynamic`` timed.
 
@@ -31,6 +34,7 @@ excluded and reported separately). Writes
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import numpy as np
@@ -49,7 +53,7 @@ MIN_STEPS, MAX_STEPS = 10, 2000
 
 
 def n_steps_for(stepper: str, N: int, quick: bool) -> int:
-    w = WORK.get(stepper.removesuffix("-traced"), 100_000) // (8 if quick else 1)
+    w = WORK.get(stepper.removesuffix("-ensemble").removesuffix("-traced"), 100_000) // (8 if quick else 1)
     return int(np.clip(w // N, MIN_STEPS, MAX_STEPS // (4 if quick else 1)))
 
 
@@ -84,15 +88,23 @@ MJX_XML = f"""
 """
 
 
-def bench_mjx(N: int, quick: bool, dtype_name: str = "float32") -> dict:
+# Largest vmap of mjx.step measured not to deadlock on the 2-core VM (1024 and 2048 finish;
+# 4096 hangs in jaxlib's batched Cholesky, see README.md)
+MJX_CHUNK = 2048
+
+
+def bench_mjx(N: int, quick: bool, dtype_name: str = "float32", chunk: int = MJX_CHUNK) -> dict:
+    """MJX throughput; ``chunk > 0`` and ``N > chunk``: each step is a ``lax.map`` over
+    ``N / chunk`` vmaps of ``chunk`` members (the deadlock work-around; ``chunk = 0``: one vmap
+    of all N, which hangs at N >= 4096 on 2 cores)."""
     import jax
 
     # MJX follows the x64 flag (its float32 mode needs x64 off while tracing and running)
     with jax.enable_x64(dtype_name == "float64"):
-        return _bench_mjx(N, quick, dtype_name)
+        return _bench_mjx(N, quick, dtype_name, chunk)
 
 
-def _bench_mjx(N: int, quick: bool, dtype_name: str) -> dict:
+def _bench_mjx(N: int, quick: bool, dtype_name: str, chunk: int) -> dict:
     import jax
     import jax.numpy as jnp
     import mujoco
@@ -106,10 +118,17 @@ def _bench_mjx(N: int, quick: bool, dtype_name: str) -> dict:
     n = n_steps_for("midpoint-lu", N, quick)
     batch = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (N, *jnp.shape(a))) + 0 if hasattr(a, "shape") else a, dx)
     vstep = jax.vmap(mjx.step, in_axes=(None, 0))
+    k = N // chunk if chunk and N > chunk and N % chunk == 0 else 1
+    tmap = jax.tree_util.tree_map
 
     @jax.jit
     def run(b):
-        return jax.lax.scan(lambda c, _: (vstep(mx, c), None), b, None, length=n)[0]
+        if k == 1:
+            return jax.lax.scan(lambda c, _: (vstep(mx, c), None), b, None, length=n)[0]
+        # (k, chunk, ...) layout for the whole rollout; lax.map runs the k vmaps one after another
+        b = tmap(lambda a: a.reshape(k, N // k, *a.shape[1:]), b)
+        out = jax.lax.scan(lambda c, _: (jax.lax.map(lambda x: vstep(mx, x), c), None), b, None, length=n)[0]
+        return tmap(lambda a: a.reshape(N, *a.shape[2:]), out)
 
     first, best, cpu, out = timed(run, batch)
     w = np.asarray(out.qvel[:, 3:], dtype=float)
@@ -117,7 +136,7 @@ def _bench_mjx(N: int, quick: bool, dtype_name: str) -> dict:
     E0 = 0.5 * float(np.sum(Ivec * np.asarray(OMEGA0) ** 2))
     E = 0.5 * np.sum(Ivec * w**2, -1)
     return {
-        "code": "MuJoCo MJX " + mujoco.__version__,
+        "code": "MuJoCo MJX " + mujoco.__version__ + (f" ({k} x {N // k} vmap)" if k > 1 else ""),
         "dtype": str(out.qvel.dtype),
         "N": N,
         "steps": n,
@@ -129,7 +148,7 @@ def _bench_mjx(N: int, quick: bool, dtype_name: str) -> dict:
     }
 
 
-def _isolated_mjx(N: int, quick: bool, dtype_name: str, timeout: float) -> dict:
+def _isolated_mjx(N: int, quick: bool, dtype_name: str, timeout: float, chunk: int = MJX_CHUNK) -> dict:
     """MJX in a fresh interpreter under a timeout: on 2-core CPUs ``jit(vmap(mjx.step))`` at
     N >= 4096 deadlocks inside jaxlib's batched LAPACK (``ParallelBatchMap`` of two
     concurrent Cholesky custom calls waits on XLA's 2-thread pool; see README.md)."""
@@ -139,7 +158,7 @@ def _isolated_mjx(N: int, quick: bool, dtype_name: str, timeout: float) -> dict:
         "import json, jax\n"
         "jax.config.update('jax_enable_x64', True)\n"
         "from benchmarks.bench_throughput import bench_mjx\n"
-        f"print('RESULT' + json.dumps(bench_mjx({N}, {quick}, {dtype_name!r})))\n"
+        f"print('RESULT' + json.dumps(bench_mjx({N}, {quick}, {dtype_name!r}, {chunk})))\n"
     )
     r = subprocess_json(code, timeout)
     if "error" in r:
@@ -203,11 +222,27 @@ def main(argv=None) -> dict:
     )
     ap.add_argument("--dtypes", default="float64,float32")
     ap.add_argument("--no-peers", action="store_true", help="skip MuJoCo MJX and Exudyn")
-    ap.add_argument("--no-mjx", action="store_true", help="skip MuJoCo MJX only (it deadlocks at N >= 4096 on 2 cores)")
+    ap.add_argument("--no-mjx", action="store_true", help="skip MuJoCo MJX only")
+    ap.add_argument(
+        "--mjx-chunk", type=int, default=MJX_CHUNK,
+        help="MJX ensembles larger than this run as a lax.map over vmaps of this size (one vmap of "
+        "N >= 4096 deadlocks on 2 cores); 0: one vmap of all N, to reproduce the deadlock",
+    )
     ap.add_argument("--mjx-dtypes", default="float32", help="MJX precisions to run (MJX's default is float32)")
     ap.add_argument("--max-n-newton", type=int, default=16384, help="largest N for the Newton-based steppers")
     ap.add_argument("--peer-timeout", type=float, default=240.0, help="MJX runs in a subprocess killed after this many seconds (it deadlocks at N >= 4096 on 2 cores)")
+    ap.add_argument(
+        "--host-devices", type=int, default=None,
+        help="split the CPU into this many JAX devices (XLA_FLAGS=--xla_force_host_platform_device_count); "
+        "the '-ensemble' rows shard over them",
+    )
     args = ap.parse_args(argv)
+    if args.host_devices:
+        import os
+
+        if "jax" in sys.modules:
+            ap.error("--host-devices must be set before JAX is imported: run python -m benchmarks.bench_throughput")
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.host_devices}").strip()
 
     import jax
 
@@ -217,7 +252,7 @@ def main(argv=None) -> dict:
     for stepper in args.steppers.split(","):
         for dt_name in args.dtypes.split(","):
             for N in sizes:
-                if stepper.removesuffix("-traced").removesuffix("-final") in ("euler-parameters", "variational") and N > args.max_n_newton:
+                if stepper.removesuffix("-ensemble").removesuffix("-traced").removesuffix("-final") in ("euler-parameters", "variational") and N > args.max_n_newton:
                     continue
                 try:
                     r = bench_rigidjax(stepper, N, dt_name, args.quick)
@@ -227,7 +262,7 @@ def main(argv=None) -> dict:
                 print(table([r], COLS).splitlines()[-1], flush=True)
     if not args.no_peers:
         peers = [] if args.no_mjx else [
-            ("MuJoCo MJX", "mujoco.mjx", lambda N, q, d=d: _isolated_mjx(N, q, d, args.peer_timeout)) for d in args.mjx_dtypes.split(",")
+            ("MuJoCo MJX", "mujoco.mjx", lambda N, q, d=d: _isolated_mjx(N, q, d, args.peer_timeout, args.mjx_chunk)) for d in args.mjx_dtypes.split(",")
         ]
         peers.append(("Exudyn", "exudyn", bench_exudyn))
         for name, mod, fn in peers:
@@ -272,15 +307,23 @@ def main(argv=None) -> dict:
                 "EP-final-traced f64 / Exudyn": ratio(get("rigidjax euler-parameters-final-traced", "float64"), exu_),
                 "VI-final-traced f64 / Exudyn": ratio(get("rigidjax variational-final-traced", "float64"), exu_),
                 "midpoint / midpoint-lu (f64)": ratio(mid64, lu64),
+                "midpoint-final-ensemble f64 / MJX f32": ratio(get("rigidjax midpoint-final-ensemble", "float64"), mjx_),
+                "midpoint-final-ensemble f64 / Exudyn": ratio(get("rigidjax midpoint-final-ensemble", "float64"), exu_),
+                "EP-final-ensemble f64 / Exudyn": ratio(get("rigidjax euler-parameters-final-ensemble", "float64"), exu_),
+                "VI-final-ensemble f64 / Exudyn": ratio(get("rigidjax variational-final-ensemble", "float64"), exu_),
             }
         )
+    # keep the columns this run measured
+    keep = [k for k in ratios[0] if k == "N" or any(np.isfinite(r[k]) for r in ratios)] if ratios else []
+    ratios = [{k: r[k] for k in keep} for r in ratios]
     print()
     print(table(rows, COLS))
     print()
-    print(table(ratios, list(ratios[0].keys())))
+    if ratios:
+        print(table(ratios, list(ratios[0].keys())))
     for n_ in notes:
         print("note:", n_)
-    payload = {"machine": machine(), "rows": rows, "ratios": ratios, "notes": notes, "quick": args.quick}
+    payload = {"machine": machine(), "host_devices": args.host_devices, "rows": rows, "ratios": ratios, "notes": notes, "quick": args.quick}
     print("wrote", write_json("bench_throughput", payload))
     return payload
 
