@@ -319,7 +319,7 @@ def main(argv=None) -> dict:
     print()
     print(table(rows, COLS))
     print()
-    if ratios:
+    if ratios and len(ratios[0]) > 1:  # some ratio was measured
         print(table(ratios, list(ratios[0].keys())))
     for n_ in notes:
         print("note:", n_)

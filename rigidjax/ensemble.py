@@ -95,8 +95,8 @@ class _ConstantModel:
     Why: a model closed over (not a ``jit`` argument) lets the steps see its exact zeros
     (no resistance, diagonal inertia, no gravity) as structural zeros and skip their terms,
     as ``jax.jit(lambda s: rollout(step, model, s, ...))`` does (``rigidjax._util.static_zeros``);
-    as an argument it is traced and every term is kept (EP step at N = 4096: 1.4 against 2.3 M
-    body-steps/s). Keyed by value, so equal models share one compiled program."""
+    as an argument it is traced and every term is kept (EP step at N = 4096, one device: 1.4
+    against 2.0 M body-steps/s). Keyed by value, so equal models share one compiled program."""
 
     def __init__(self, tree):
         leaves, treedef = jax.tree_util.tree_flatten(tree)
@@ -118,12 +118,7 @@ def _constant_model(models, model_batched: bool):
         return None
     if sum(int(np.size(a)) for a in leaves) > CONSTANT_MODEL_MAX:
         return None
-    try:
-        const = _ConstantModel(models)
-        hash(const)
-    except TypeError:  # an unhashable static field: pass the model as an argument
-        return None
-    return const
+    return _ConstantModel(models)
 
 
 @functools.lru_cache(maxsize=64)
@@ -208,9 +203,14 @@ def ensemble_rollout(
         model_batched: ``False`` to share one unbatched model among all members. A shared
             model with concrete leaves (not traced by an enclosing ``jit``/``grad``) of at most
             :data:`CONSTANT_MODEL_MAX` entries is compiled into the program as a constant, so
-            its exact zeros (no resistance, diagonal inertia, no gravity) cost nothing (EP and
-            VI steps ~1.5x faster at N = 4096); programs are cached by the model's value (a
-            new shared model compiles once; for many models, batch them instead).
+            its exact zeros (no resistance, diagonal inertia, no gravity) cost nothing (N = 4096,
+            one device: EP 1.4 -> 2.0 M, VI 1.7 -> 2.9 M body-steps/s). Programs are cached by
+            the model's value, so each NEW shared model compiles (seconds; ~1 min for jointed
+            EP bodies), as :func:`rigidjax.rollout` called outside ``jit`` does. In a loop over
+            model values (a sweep, a SciPy optimiser) wrap the call in ``jax.jit`` with the
+            model as an argument (``jax.jit(lambda m, s: ensemble_rollout(step, m, s, dt, n,
+            model_batched=False))``): one program for all values, every term kept; or batch
+            the models.
         checked: raise :class:`rigidjax.StepFailure` (naming step and member) if a step failed.
         allow_rotation_limit: in checked mode, accept ``Status.ROTATION_LIMIT``.
 
@@ -251,7 +251,9 @@ def ensemble_rollout(
     loads_p = _pad(loads_arr, pad) if loads_kind == "array" else None
     try:
         fn = _compiled(step, n, checkpoint_every, save_every, adjoint, mesh, model_batched, loads_kind, loads_fn, const)
-    except TypeError:  # an unhashable step or loads: build (and compile) without the cache
+    except (TypeError, ValueError):
+        # an unhashable step or loads, or a model whose static fields cannot be compared
+        # (e.g. an array): build (and compile) without the cache
         fn = _compiled.__wrapped__(step, n, checkpoint_every, save_every, adjoint, mesh, model_batched, loads_kind, loads_fn, const)
     traj = fn(models_p, states_p, dt_arr, loads_p)
     if pad:

@@ -158,3 +158,25 @@ def test_shared_model_compiled_as_constant_equals_traced_model(kind):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)
     # another inertia moves the flip's rates by O(1) within 0.25 s
     assert max(np.max(np.abs(a - c)) for a, c in zip(leaves(got), leaves(fixed))) > 1e-3
+
+
+def test_shared_model_with_array_static_field_falls_back_to_no_cache():
+    # equinox static fields holding arrays cannot be compared by the program cache (QA, seventh
+    # session: a ValueError on the second call); the call then compiles without the cache
+    import equinox as eqx
+
+    class Tagged(eqx.Module):
+        body: rj.RigidBody
+        tag: object = eqx.field(static=True)
+
+    def step(m, s, u, dt):
+        return rj.midpoint_step(m.body, s, u, dt)
+
+    st = rj.RigidBodyState(angular_velocity=np.array([[0.01, 2.0, 0.0], [1.0, 0.0, 0.5]]))
+    body = rj.RigidBody(1.0, [1.0, 2.0, 3.0])
+    with pytest.warns(UserWarning):  # equinox warns about a JAX array in a static field
+        models = [Tagged(body, jnp.ones(3)), Tagged(body, jnp.zeros(3))]
+    ref = jax.vmap(lambda s: rj.rollout(rj.midpoint_step, body, s, 0.01, 5))(st)
+    for m in models:
+        got = ensemble_rollout(step, m, st, 0.01, 5, model_batched=False, devices=jax.devices()[:1])
+        np.testing.assert_allclose(np.asarray(got.states.angular_velocity), np.asarray(ref.states.angular_velocity), rtol=0, atol=1e-15)
