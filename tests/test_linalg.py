@@ -233,6 +233,7 @@ def test_solve_components_matches_numpy_and_hand_pivots():
         solve_components([[1.0, 2.0], [3.0]], [1.0, 2.0])
 
 
+@pytest.mark.slow  # ~20 s (CI budget); the steppers' fixed-vs-traced model tests run these paths end to end
 def test_structural_zeros_and_leading_block_pivoting():
     # solve_components with entries given as the structural zero 0.0 (skipped by the
     # elimination) and leading=3 (pivots of the first 3 stages within the leading block: block
@@ -283,6 +284,7 @@ def test_structural_zeros_and_leading_block_pivoting():
         solve_components(entries(A), [jnp.asarray(b[:, i]) for i in range(n)], leading=n + 1)
 
 
+@pytest.mark.slow  # ~30 s of compiles (CI budget); the packed EP/VI steps reuse these factors in every fast test
 def test_factors_solve_further_right_hand_sides():
     # lu_factor_small / lu_solve_small and solve_components(factors=True) / lu_solve_components:
     # the factors a simplified-Newton update reuses solve a NEW right-hand side as LAPACK does

@@ -143,6 +143,7 @@ def test_only_free_rigid_bodies_take_the_packed_path():
         systems.packed_form(functools.partial(vi_step, forcing_split="right"), systems.rigid_body(body))
 
 
+@pytest.mark.slow  # ~33 s of float32 compile (CI budget); tests/test_variational.py checks float32 on the generic path
 def test_packed_step_follows_the_state_dtype():
     # float64 model (Python floats under x64), float32 state: vi_step computes in float32; so must the fast path
     system = systems.rigid_body(rj.RigidBody(mass=1.0, inertia=[1.0, 2.0, 3.0]))
