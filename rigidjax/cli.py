@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_simulate)
     from . import cli_fit
 
-    cli_fit.add_parser(sub)
+    cli_fit.add_parsers(sub)
     return p
 
 

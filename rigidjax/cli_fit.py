@@ -1,14 +1,15 @@
-"""``rigidjax fit``: identify inertia ratios (and drag, gyroscope bias) from gyroscope recordings.
+"""``rigidjax fit`` and ``rigidjax fit-pendulum``: identification from gyroscope recordings.
 
-Wired into :mod:`rigidjax.cli` by ``add_parser(subparsers)``; ``run(args) -> int`` is the body
-(exit 0: converged; 1: some fit did not converge, is a poor_fit, i.e. an implausible
-residual, a wrong local minimum, or does not determine the ratios (singular normal equations,
-e.g. a steady spin about one axis); 2: bad path, file or option, or an output folder that
-cannot be created).
+Wired into :mod:`rigidjax.cli` by ``add_parsers(subparsers)``. Exit codes (also in
+``--help``): 0 converged; 1 a result that is not fully trustworthy (a window did not
+converge, is a poor fit, is not determined by its data, or the step error shapes it: the
+status line says which); 2 bad path, file or option; 3 recordings whose estimates disagree
+were not pooled (``--pool-all`` pools them anyway).
 
-Without PATH it runs on an embedded default: a recording synthesised into a temporary folder
-in phyphox's layout (:func:`rigidjax.synthetic.synthesize_recording`, a racquet-like body with
-noise, bias, drag and a small sensor misalignment), printing the truth beside the estimate.
+Without PATH, ``fit`` runs on an embedded default: a recording synthesised into a temporary
+folder in phyphox's layout (:func:`rigidjax.synthetic.synthesize_recording`, a racquet-like
+body with noise, bias, drag and a small sensor misalignment), printing the truth beside the
+estimate.
 """
 
 from __future__ import annotations
@@ -22,20 +23,29 @@ import time
 import warnings
 from pathlib import Path
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parsers", "run", "run_pendulum"]
 
-#: Sub-steps of the synthetic demo: its noise-level residual (0.01 rad/s) makes the midpoint
-#: step's own error at the 10 ms sample interval (RMS ~0.005 rad/s, |omega| dt ~ 0.1) shift the
-#: estimates by 1-4 standard errors with 1 sub-step (the gyroscope bias most); 4 sub-steps cut it
-#: 16x (< 0.3 standard errors), so the errors it prints cover the truth.
-DEMO_SUBSTEPS = 4
+EXIT_HELP = """\
+exit status:
+  0  converged: every window reached its least-squares minimum and was pooled
+  1  a result that is not fully trustworthy: some window did not converge, is a poor fit,
+     is not determined by its data or is shaped by the step error (the status line and the
+     table say which)
+  2  bad path, file or option
+  3  recordings whose estimates disagree were not pooled (--pool-all pools them anyway)
+"""
 
 DESCRIPTION = """\
 Fit the inertia tensor (as ratios in sensor axes, or in kg m^2 with --scale) to measured body
 angular velocity of free flights: least squares between the gyroscope and rollouts of the
-torque-free Euler equations at the measured timestamps. PATH: a phyphox "Gyroscope rotation
+torque-free Euler equations at the measured timestamps, over the physically valid inertias
+(edges included), each window to its least-squares minimum. PATH: a phyphox "Gyroscope rotation
 rate" export folder (windows from meta/segments.csv), a folder of many, a CSV (t,wx,wy,wz) or
 an NPZ (t, omega). Without PATH: a synthetic recording with known truth.
+
+Recordings whose estimates disagree (a different body?) are named and not pooled. Each
+combined estimate comes with its statistical error (noise only) and a 95 % interval that
+covers the scatter between windows.
 
 examples:
   rigidjax fit                                   # synthetic demo, truth printed beside estimate
@@ -44,13 +54,16 @@ examples:
 """
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Add the ``fit`` subcommand to an ``argparse`` subparsers object; returns its parser."""
+def _error(cmd: str, msg: str) -> int:
+    print(f"rigidjax {cmd}: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def add_parsers(subparsers) -> None:
+    """Add ``fit`` and ``fit-pendulum`` to an ``argparse`` subparsers object."""
     p = subparsers.add_parser(
-        "fit",
-        help="identify inertia (and drag, gyro bias) from gyroscope recordings",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "fit", help="identify inertia (and drag, gyro bias) from gyroscope recordings of free flight",
+        description=DESCRIPTION, epilog=EXIT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("path", nargs="?", default=None, help="recording(s); omit for the synthetic demo")
     p.add_argument("--tensor", action="store_true", help="full inertia tensor (principal axes may be rotated from the sensor axes)")
@@ -60,33 +73,71 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--bias", action="store_true", help="fit a constant gyroscope bias (per recording when --joint)")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--per-segment", dest="joint", action="store_false",
-        help="fit every window on its own (default with PATH)",
-    )
-    mode.add_argument("--joint", dest="joint", action="store_true", help="one inertia shared by all windows (default for the demo)")
+    mode.add_argument("--per-window", dest="joint", action="store_false", help="fit every window on its own, then combine (default with PATH)")
+    mode.add_argument("--joint", dest="joint", action="store_true", help="one inertia shared by the pooled windows (default for the demo)")
     p.set_defaults(joint=None)
+    p.add_argument("--pool-all", action="store_true", help="pool every recording even when their estimates disagree")
     p.add_argument("--scale", default=None, metavar="KEY=VALUE", help="a known value fixing the scale, e.g. Iy=1.3911e-3 or trace=0.04 (kg m^2)")
     p.add_argument("--select", default=None, metavar="TEXT", help="only windows whose comment contains TEXT (case-insensitive)")
-    p.add_argument("--json", default=None, metavar="OUT.json", help="write estimates, uncertainties and per-segment results")
+    p.add_argument("--json", default=None, metavar="OUT.json", help="write estimates, uncertainties and per-window results")
     p.add_argument("--plot", default=None, metavar="OUT.png", help="draw measured vs fitted omega(t) for --segment")
-    p.add_argument("--segment", type=int, default=0, metavar="N", help="segment to plot (row number in the table)")
-    p.add_argument("--starts", type=int, default=4, metavar="K", help="multi-start count (default 4)")
+    p.add_argument("--segment", type=int, default=0, metavar="N", help="window to plot (row number in the table)")
+    p.add_argument("--starts", type=int, default=4, metavar="K", help="starts per window (default 4)")
     p.add_argument(
-        "--substeps", type=int, default=None, metavar="K",
-        help=f"rollout sub-steps per sample interval (default 1; the synthetic demo {DEMO_SUBSTEPS}: see the step-error line)",
+        "--substeps", default="auto", metavar="K",
+        help="rollout sub-steps per sample interval: auto (default: per window, so that the step error shifts no "
+        "estimate by more than 0.3 standard errors) or a fixed integer",
     )
     p.add_argument("--max-steps", type=int, default=200, help="Levenberg-Marquardt iterations (default 200)")
+    p.add_argument("--max-duration", type=float, default=None, metavar="S", help="longest window accepted, s (default 10: free flight)")
+    p.add_argument("--max-samples", type=int, default=None, metavar="N", help="most samples per window accepted (default 20000)")
     p.add_argument("--tosses", type=int, default=5, help="synthetic demo: number of tosses (default 5)")
     p.add_argument("--seed", type=int, default=0, help="random seed (starts; synthetic demo)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
-    return p
+
+    q = subparsers.add_parser(
+        "fit-pendulum", help="identify a physical pendulum (period, moment about the pivot, damping) from gyroscope recordings",
+        description=PENDULUM_DESCRIPTION, epilog=EXIT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    q.add_argument("path", help="recording(s) of a swinging body (phyphox folder(s), CSV, NPZ)")
+    q.add_argument("--axis", choices=["x", "y", "z"], default=None, help="gyroscope axis of the swing (default: detected per window)")
+    q.add_argument("--mass", type=float, default=None, metavar="KG", help="mass, kg (with --pivot-distance: the moments)")
+    q.add_argument("--pivot-distance", type=float, default=None, metavar="M", help="pivot to centre of mass, m")
+    q.add_argument("--gravity", type=float, default=9.81, metavar="G", help="m/s^2 (default 9.81)")
+    q.add_argument("--json", default=None, metavar="OUT.json", help="write the per-window and combined results")
+    q.add_argument("--plot", default=None, metavar="OUT.png", help="draw measured vs fitted rate for --segment")
+    q.add_argument("--segment", type=int, default=0, metavar="N", help="window to plot (row number)")
+    q.add_argument("--quiet", action="store_true", help="no progress output")
+    q.set_defaults(func=run_pendulum)
 
 
-def _error(msg: str) -> int:
-    print(f"rigidjax fit: error: {msg}", file=sys.stderr)
-    return 2
+def _prepare_outputs(cmd, args) -> int | None:
+    for opt, out in (("--json", args.json), ("--plot", args.plot)):
+        if out:  # before the fit, not after it; missing folders are created like simulate --out
+            try:
+                Path(out).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                return _error(cmd, f"{opt} {out}: cannot create its folder {Path(out).parent}: {e.strerror or e}")
+    return None
+
+
+def _load(cmd, path, select=None):
+    """Windows of ``path`` (warnings printed), or an exit code."""
+    from .io import load
+
+    if not Path(path).exists():
+        return _error(cmd, f"{path}: no such file or folder")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        segs = load(path)
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr)
+    if select:
+        segs = [s for s in segs if select.lower() in s.comment.lower()]
+        if not segs:
+            return _error(cmd, f"no window's comment contains {select!r}")
+    return segs
 
 
 def _plot(result, i: int, out: str) -> None:
@@ -104,7 +155,8 @@ def _plot(result, i: int, out: str) -> None:
         ax.set_ylabel(f"$\\omega_{'xyz'[k]}$ (rad/s)")
     axes[0].legend(loc="upper right", fontsize=8)
     axes[-1].set_xlabel("time in window (s)")
-    fig.suptitle(f"{seg['name']}  {seg['comment']}\nresidual RMS {seg['rms']:.3g} rad/s ({result.mode} fit)", fontsize=9)
+    rms = seg["rms"] if seg.get("rms") is not None else float("nan")
+    fig.suptitle(f"{seg['name']}  {seg['comment']}\nresidual RMS {rms:.3g} rad/s ({result.mode} fit, {seg['status']})", fontsize=9)
     fig.savefig(out, dpi=120)
 
 
@@ -130,30 +182,36 @@ def run(args) -> int:
 
     jax.config.update("jax_enable_x64", True)  # the command's choice; the library never flips it
 
-    from .identify import FitError, fit_inertia, parse_scale
-    from .io import DataError, load
+    from .identify import FitError, exit_code, fit_inertia, parse_scale
+    from .identify.pendulum import looks_like_pendulum
+    from .io import DataError
     from .synthetic import synthesize_recording
 
-    for name, lo in (("starts", 1), ("substeps", 1), ("max_steps", 1), ("tosses", 1)):
+    for name, lo in (("starts", 1), ("max_steps", 1), ("tosses", 1), ("max_samples", 10)):
         if getattr(args, name) is not None and getattr(args, name) < lo:
-            return _error(f"--{name.replace('_', '-')} must be >= {lo}; got {getattr(args, name)}")
+            return _error("fit", f"--{name.replace('_', '-')} must be >= {lo}; got {getattr(args, name)}")
+    if args.max_duration is not None and not (math.isfinite(args.max_duration) and args.max_duration > 0):
+        return _error("fit", f"--max-duration must be > 0 s; got {args.max_duration}")
+    substeps = args.substeps
+    if substeps != "auto":
+        try:
+            substeps = int(substeps)
+            if substeps < 1:
+                raise ValueError
+        except ValueError:
+            return _error("fit", f"--substeps must be 'auto' or an integer >= 1; got {args.substeps!r}")
     try:
         scale = parse_scale(args.scale)
     except FitError as e:
-        return _error(str(e))
-
-    for opt, out in (("--json", args.json), ("--plot", args.plot)):
-        if out:  # before the fit, not after it; missing folders are created like simulate --out
-            try:
-                Path(out).parent.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                return _error(f"{opt} {out}: cannot create its folder {Path(out).parent}: {e.strerror or e}")
+        return _error("fit", str(e))
+    code = _prepare_outputs("fit", args)
+    if code is not None:
+        return code
 
     truth = None
     tmp = None
     tensor, drag, bias = args.tensor, args.drag, args.bias
     joint = bool(args.joint)
-    substeps = args.substeps or 1
     try:
         if args.path is None:
             tmp = tempfile.TemporaryDirectory(prefix="rigidjax-fit-")
@@ -169,28 +227,25 @@ def run(args) -> int:
                 print("  fitting the model it was made with: --tensor --drag --bias")
             if args.joint is None:
                 joint = True
-                print("  one body: joint fit of all tosses (--per-segment to fit each alone)")
+                print("  one body: joint fit of all tosses (--per-window to fit each alone)")
             if scale is None:
                 scale = ("Iy", truth["Iy"])
                 print(f"  scale fixed by the true Iy = {truth['Iy']:.6g} kg m^2")
-            if args.substeps is None:
-                substeps = DEMO_SUBSTEPS
-                print(f"  {substeps} sub-steps per sample (noise-level data: the step error must stay below the standard errors)")
         else:
             path = args.path
-            if not Path(path).exists():
-                return _error(f"{path}: no such file or folder")
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            segs = load(path)
-        for w in caught:
-            print(f"warning: {w.message}", file=sys.stderr)
-        if args.select:
-            segs = [s for s in segs if args.select.lower() in s.comment.lower()]
-            if not segs:
-                return _error(f"no window's comment contains {args.select!r}")
+        segs = _load("fit", path, args.select)
+        if isinstance(segs, int):
+            return segs
         if not (0 <= args.segment < len(segs)) and args.plot:
-            return _error(f"--segment {args.segment} out of range: {len(segs)} segment(s)")
+            return _error("fit", f"--segment {args.segment} out of range: {len(segs)} window(s)")
+        swings = [looks_like_pendulum(s.omega) for s in segs]
+        if segs and all(a is not None for a in swings):
+            axes = sorted({"xyz"[a] for a in swings})
+            return _error(
+                "fit",
+                f"the {len(segs)} window(s) of {path} look like pendulum swings (the rate oscillates about the "
+                f"{'/'.join(axes)} axis alone), not free flight: use `rigidjax fit-pendulum {path}`",
+            )
 
         from tqdm.auto import tqdm
 
@@ -200,24 +255,33 @@ def run(args) -> int:
             bar.update(1)
             bar.set_postfix(active=n_active, refresh=False)
 
+        kw = {}
+        if args.max_duration is not None:
+            kw["max_duration"] = args.max_duration
+        if args.max_samples is not None:
+            kw["max_samples"] = args.max_samples
         t0 = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             result = fit_inertia(
-                segs, tensor=tensor, drag=drag, bias=bias, joint=joint, scale=scale,
-                starts=args.starts, substeps=substeps, max_steps=args.max_steps, seed=args.seed,
-                progress=progress,
+                segs, tensor=tensor, drag=drag, bias=bias, joint=joint, scale=scale, starts=args.starts,
+                substeps=substeps, max_steps=args.max_steps, seed=args.seed, pool="all" if args.pool_all else "consistent",
+                progress=progress, **kw,
             )
         bar.close()
         elapsed = time.perf_counter() - t0
-        for w in caught:
-            print(f"warning: {w.message}", file=sys.stderr)
         result.truth = truth
         model = "full tensor" if tensor else "principal moments along sensor axes"
         model += f", drag {drag}" if drag else ", no drag"
         model += ", gyro bias" if bias else ""
-        print(f"\n{len(segs)} segment(s) from {path}; {result.mode} fit ({model}); {elapsed:.1f} s\n")
+        print(f"\n{len(segs)} window(s) from {path}; {result.mode} fit ({model}); {elapsed:.1f} s\n")
         print(result.table())
+        for w in caught:  # after the table: the status line says the same, this names each window
+            if not str(w.message).startswith("fit_inertia: status"):
+                print(f"warning: {w.message}", file=sys.stderr)
+        for s in result.segments:
+            if s["status"] != "converged" and s.get("reason"):
+                print(f"  {s['name']}: {s['status']}: {s['reason']}", file=sys.stderr)
         if args.json:
             out = result.to_dict()
             out["path"] = str(path)
@@ -226,14 +290,140 @@ def run(args) -> int:
             print(f"wrote {args.json}")
         if args.plot:
             _plot(result, args.segment, args.plot)
-            print(f"wrote {args.plot} (segment {args.segment})")
+            print(f"wrote {args.plot} (window {args.segment})")
         if truth is not None:
             print("estimate - truth in standard errors: " + ", ".join(f"{k} {v:+.2f}" for k, v in _z_scores(result, truth).items()))
-        return 0 if result.converged else 1
+        return exit_code(result.status)
     except (DataError, FitError) as e:
-        return _error(str(e))
+        return _error("fit", str(e))
     except OSError as e:
-        return _error(f"{e.filename or ''}: {e.strerror or e}")
+        return _error("fit", f"{e.filename or ''}: {e.strerror or e}")
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+PENDULUM_DESCRIPTION = """\
+Fit a physical pendulum to gyroscope recordings of a body swinging about a fixed axis: per
+window the natural frequency, the period at the swing's amplitude, the damping and, with
+--mass and --pivot-distance, the moment of inertia about the pivot and about the centre of
+mass (I_cm = I_pivot - m d^2), through variational rollouts at the measured timestamps. The
+swing axis is detected per window; windows that do not swing freely from their start (held,
+pushed) are flagged and left out of the combined values.
+
+example:
+  rigidjax fit-pendulum ../shared/data/racquet-flips/pendulum --mass 0.45728 --pivot-distance 0.413
+"""
+
+
+def _plot_pendulum(seg, fit, out: str) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 5), constrained_layout=True)
+    FigureCanvasAgg(fig)
+    ax1, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
+    t = seg.t - seg.t[0]
+    w = seg.omega[:, fit.axis]
+    ax1.plot(t, w, ".", ms=2, color="0.4", label="measured")
+    ax1.plot(t, fit.model_omega, "-", lw=1.2, color="C0", label="fitted")
+    ax1.set_ylabel(f"$\\omega_{'xyz'[fit.axis]}$ (rad/s)")
+    ax1.legend(fontsize=8)
+    ax2.plot(t, w - fit.model_omega, lw=0.8, color="C3")
+    ax2.set_ylabel("residual")
+    ax2.set_xlabel("time in window (s)")
+    fig.suptitle(f"{fit.name}: period {fit.period:.4g} s, status {fit.status.value}", fontsize=9)
+    fig.savefig(out, dpi=120)
+
+
+def run_pendulum(args) -> int:
+    """Body of ``rigidjax fit-pendulum``; returns the exit code."""
+    import jax
+    import numpy as np
+
+    jax.config.update("jax_enable_x64", True)
+    from .identify import FitStatus, exit_code
+    from .identify.pendulum import combine_pendulum, fit_pendulum_segments
+    from .io import DataError
+
+    for name in ("mass", "pivot_distance"):
+        v = getattr(args, name)
+        if v is not None and not (math.isfinite(v) and v > 0):
+            return _error("fit-pendulum", f"--{name.replace('_', '-')} must be > 0; got {v}")
+    if (args.mass is None) != (args.pivot_distance is None):
+        return _error("fit-pendulum", "--mass and --pivot-distance go together (the moments need both)")
+    code = _prepare_outputs("fit-pendulum", args)
+    if code is not None:
+        return code
+    try:
+        segs = _load("fit-pendulum", args.path)
+        if isinstance(segs, int):
+            return segs
+        if args.plot and not (0 <= args.segment < len(segs)):
+            return _error("fit-pendulum", f"--segment {args.segment} out of range: {len(segs)} window(s)")
+        t0 = time.perf_counter()
+        fits = fit_pendulum_segments(
+            segs, axis=None if args.axis is None else "xyz".index(args.axis), mass=args.mass,
+            distance=args.pivot_distance, gravity=args.gravity,
+        )
+        elapsed = time.perf_counter() - t0
+    except (DataError, ValueError) as e:
+        return _error("fit-pendulum", str(e).replace("fit_pendulum: ", ""))
+    moments = args.mass is not None
+    print(f"\n{len(segs)} window(s) from {args.path}; physical pendulum (variational rollouts); {elapsed:.1f} s\n")
+    head = f"{'#':>3} {'window':<40} {'n':>4} {'axis':>4} {'amp':>6} {'period (s)':>18} {'damping (1/s)':>18}"
+    head += f" {'I_pivot (g m^2)':>18}" if moments else ""
+    head += f" {'rms':>7} status"
+    print(head)
+    print("-" * len(head))
+    for i, f in enumerate(fits):
+        name = f.name if len(f.name) <= 40 else "…" + f.name[-39:]
+        axis = "xyz"[f.axis] if f.axis >= 0 else "—"
+        row = f"{i:>3} {name:<40} {f.n:>4} {axis:>4} {math.degrees(f.amplitude):>5.1f}° {_pm(f.period, f.period_se):>18} {_pm(f.damping_rate, f.damping_rate_se):>18}"
+        if moments:
+            row += f" {_pm(1e3 * f.inertia_pivot, 1e3 * f.inertia_pivot_se):>18}"
+        row += f" {f.rms:>7.4f} {f.status.value}"
+        print(row)
+    comb = combine_pendulum(fits)
+    n_good = sum(f.status == FitStatus.CONVERGED for f in fits)
+    print()
+    if comb:
+        print(f"median over {n_good} converged window(s): estimate ± statistical 1σ, 95 % interval incl. between-window scatter")
+        scale = {"inertia_pivot": ("g m^2", 1e3), "inertia_cm": ("g m^2", 1e3), "period": ("s", 1), "omega0": ("rad/s", 1), "damping_rate": ("1/s", 1)}
+        for name, c in comb.items():
+            unit, k = scale[name]
+            lo, hi = c["interval"]
+            iv = f"[{k * lo:.5g}, {k * hi:.5g}]" if np.isfinite(lo) else "—"
+            print(f"  {name + ' (' + unit + ')':<22} {_pm(k * c['median'], k * c['se_stat']):>22}   {iv}")
+        if moments:
+            print(f"  (I_cm = I_pivot - m d^2 with m = {args.mass} kg, d = {args.pivot_distance} m)")
+    else:
+        print("no converged window: no combined values")
+    bad = [f for f in fits if f.status != FitStatus.CONVERGED]
+    for f in bad:
+        print(f"  {f.name}: {f.status.value}: {f.reason}", file=sys.stderr)
+    status = FitStatus.CONVERGED if not bad and comb else (bad[0].status if bad else FitStatus.UNIDENTIFIABLE)
+    print(f"status: {status.value}" + (f" ({len(bad)} of {len(fits)} window(s) left out)" if bad else ""))
+    if args.json:
+        def clean(v):
+            return float(v) if isinstance(v, float) and math.isfinite(v) else (None if isinstance(v, float) else v)
+
+        out = {
+            "path": str(args.path), "status": status.value, "elapsed_s": elapsed,
+            "windows": [{k: (clean(v) if not isinstance(v, (np.ndarray, FitStatus)) else (v.value if isinstance(v, FitStatus) else None))
+                         for k, v in f.__dict__.items() if k != "model_omega"} for f in fits],
+            "combined": {k: {kk: (list(map(clean, vv)) if isinstance(vv, tuple) else clean(vv)) for kk, vv in c.items()} for k, c in comb.items()},
+            "options": {"mass": args.mass, "pivot_distance": args.pivot_distance, "gravity": args.gravity, "axis": args.axis},
+        }
+        Path(args.json).write_text(json.dumps(out, indent=2, allow_nan=False))
+        print(f"wrote {args.json}")
+    if args.plot:
+        _plot_pendulum(segs[args.segment], fits[args.segment], args.plot)
+        print(f"wrote {args.plot} (window {args.segment})")
+    return exit_code(status)
+
+
+def _pm(v, e) -> str:
+    from .identify._result import pm
+
+    return pm(v, e)

@@ -23,10 +23,10 @@ import math
 from pathlib import Path
 
 import numpy as np
-from scipy.integrate import solve_ivp
 from scipy.spatial.transform import Rotation
 
 from .io import PHYPHOX_ABS, PHYPHOX_GYRO, PHYPHOX_TIME, RAW_DATA
+from .reference import euler_omega
 
 __all__ = ["synthesize_recording", "RACQUET_MOMENTS"]
 
@@ -40,13 +40,6 @@ def _phyphox_float(x: float) -> str:
     if x == 0:
         return "0.000000000E0"
     return np.format_float_scientific(x, precision=9, unique=False, exp_digits=1).upper().replace("E+", "E")
-
-
-def _euler_rhs(inertia, inv, c):
-    def f(_t, w):
-        return inv @ (-np.cross(w, inertia @ w) - c * w)
-
-    return f
 
 
 def synthesize_recording(
@@ -67,6 +60,8 @@ def synthesize_recording(
     jitter: float = 1e-4,
     seed: int = 0,
     name: str = "Gyroscope rotation rate 2026-01-01 12-00-00",
+    window_misalignment: float = 0.0,
+    drag_spread: float = 0.0,
 ) -> dict:
     """Write a synthetic phyphox recording of tossed rigid-body flights; return the truth.
 
@@ -92,13 +87,20 @@ def synthesize_recording(
             ``± jitter`` s (strictly increasing, NOT uniform, as in phyphox exports).
         seed: random seed (noise, jitter, initial rates).
         name: export folder name.
+        window_misalignment: 1-sigma (rad) of a further random rotation of the sensor, drawn
+            anew for each toss (a phone shifting in its mount between throws): model error
+            that differs from window to window for a fit with principal axes along the
+            sensor's. 0 (default): none.
+        drag_spread: relative 1-sigma of the drag, drawn anew for each toss (log-normal with
+            mean ``drag``): a per-throw model error for a fit with one drag. 0 (default): none.
 
     Returns:
         The truth: ``inertia`` (3x3, sensor frame), ``moments``, ``misalignment``, ratios
         ``Ix/Iy``, ``Iz/Iy``, ``Ixy/Iy``, ``Ixz/Iy``, ``Iyz/Iy`` (tensor entries in sensor axes
         over ``I_yy``), ``Ix``, ``Iy``, ``Iz`` (kg m^2), ``drag`` (N m s), ``drag/Iy`` (1/s),
         ``bias``, ``noise_std``, ``omega0`` per window (rate at the window's first sample,
-        without bias/noise), ``windows`` [(start, end)], and ``path`` (the export folder).
+        without bias/noise), ``windows`` [(start, end)], ``path`` (the export folder), and per
+        toss ``window_rotvec`` (its extra sensor rotation, rad) and ``window_drag`` (N m s).
 
     Raises:
         ValueError: non-physical moments, negative drag/noise, bad sizes.
@@ -106,14 +108,16 @@ def synthesize_recording(
     moments = np.asarray(moments, float)
     if moments.shape != (3,) or np.any(moments <= 0) or np.any(moments > moments.sum() - moments + 1e-12 * moments.sum()):
         raise ValueError(f"moments must be 3 positive values obeying the triangle inequality; got {moments}")
-    if drag < 0 or noise_std < 0:
-        raise ValueError(f"drag and noise_std must be >= 0; got {drag}, {noise_std}")
+    if drag < 0 or noise_std < 0 or window_misalignment < 0 or drag_spread < 0:
+        raise ValueError(
+            f"drag, noise_std, window_misalignment and drag_spread must be >= 0; got {drag}, {noise_std}, "
+            f"{window_misalignment}, {drag_spread}"
+        )
     if n_tosses < 1 or rate <= 0 or toss_duration <= 0 or jitter * rate >= 0.5:
         raise ValueError("need n_tosses >= 1, rate > 0, toss_duration > 0 and jitter < 0.5 / rate")
     rng = np.random.default_rng(seed)
     R = Rotation.from_rotvec(np.asarray(misalignment, float)).as_matrix()
     inertia = R @ np.diag(moments) @ R.T
-    inv = np.linalg.inv(inertia)
     bias = np.asarray(bias, float)
 
     total = n_tosses * (rest + toss_duration) + rest
@@ -121,25 +125,28 @@ def synthesize_recording(
     dt = 1.0 / rate + rng.uniform(-jitter, jitter, n)
     t = 0.0317 + np.concatenate([[0.0], np.cumsum(dt[1:])])  # phyphox's first sample is not at 0
     omega = np.zeros((n, 3))
-    windows, omega0 = [], []
+    windows, omega0, rotvecs, drags = [], [], [], []
     for k in range(n_tosses):
         t_start = t[0] + rest + k * (rest + toss_duration)
         t_end = t_start + toss_duration
         sel = (t >= t_start) & (t <= t_end)
         w_principal = rng.normal(0, wobble, 3)
         w_principal[spin_axis] = rng.uniform(*spin) * rng.choice([-1, 1])
-        w_release = R @ w_principal
-        sol = solve_ivp(
-            _euler_rhs(inertia, inv, drag), (t_start, t_end), w_release, method="DOP853",
-            t_eval=t[sel], rtol=1e-12, atol=1e-12,
-        )
-        omega[sel] = sol.y.T
-        # the window the experimenter marks: a little inside the flight
+        xi = rng.normal(0, window_misalignment, 3) if window_misalignment > 0 else np.zeros(3)
+        d_k = drag * math.exp(drag_spread * rng.normal() - 0.5 * drag_spread**2) if drag_spread > 0 else drag
+        R_k = R @ Rotation.from_rotvec(xi).as_matrix()
+        inertia_k = R_k @ np.diag(moments) @ R_k.T
+        rotvecs.append(xi.tolist())
+        drags.append(float(d_k))
+        w_release = R_k @ w_principal
         ts = t[sel]
+        span = np.concatenate([[t_start], ts]) if ts[0] > t_start else ts  # released at t_start
+        omega[sel] = euler_omega(inertia_k, w_release, span, damping=d_k, rtol=1e-12)[-ts.size :]
+        # the window the experimenter marks: a little inside the flight
         w_lo, w_hi = ts[0] + 0.02, ts[-1] - 0.02
         windows.append((round(w_lo, 3), round(w_hi, 3)))
         first = np.searchsorted(ts, windows[-1][0])
-        omega0.append(sol.y.T[first].tolist())
+        omega0.append(omega[sel][first].tolist())
     measured = omega + bias + rng.normal(0, noise_std, omega.shape)
 
     export = Path(out_dir) / name
@@ -187,4 +194,6 @@ def synthesize_recording(
         "windows": windows,
         # largest angle between a principal axis and its nearest sensor axis (as fit_inertia reports)
         "misalignment_deg": math.degrees(math.acos(min(1.0, float(np.max(np.abs(R), axis=0).min())))),
+        "window_rotvec": rotvecs,
+        "window_drag": drags,
     }

@@ -1,28 +1,29 @@
 """Inertia identification against independent truths: recordings synthesised by a tight SciPy
 (DOP853) solve of Euler's equations with drag, gyroscope noise and bias (rigidjax.synthetic),
-written in phyphox's layout and read back by rigidjax.io; the exact Jacobi-elliptic solution
-(rigidjax.reference) for the model's convergence order.
+written in phyphox's layout and read back by rigidjax.io; SciPy's least squares for the
+optimality of a boundary estimate; the exact Jacobi-elliptic solution for the model's order.
 
-Compilation budget: two model configurations only (principal moments; full tensor + drag +
-bias), every recording padded to the same 128 samples, so each compiles once per session.
+Compilation budget: two model configurations (principal moments; full tensor + drag + bias),
+every window padded to 128 samples, so each compiles once per session.
 """
 
 import functools
+import json
 import warnings
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy import optimize
 
-from rigidjax.body import RigidBody, RigidBodyState
-from rigidjax.identify import FitError, fit_inertia, simulate_omega
+from rigidjax.identify import FitError, FitStatus, fit_inertia, multistart_check, simulate_omega
 from rigidjax.io import DataError, Segment, load_phyphox
-from rigidjax.reference import torque_free_omega
-from rigidjax.synthetic import synthesize_recording
+from rigidjax.reference import euler_omega, torque_free_omega
+from rigidjax.synthetic import RACQUET_MOMENTS, synthesize_recording
 
 # 1.1 s tosses at 100 Hz: ~106 samples, padded to 128 like the real flips (one compilation)
 TOSS = dict(toss_duration=1.1, rest=0.3)
+FULL = dict(tensor=True, drag="isotropic", bias=True)
 
 
 def _z(fit, truth, key):
@@ -51,56 +52,54 @@ def lamina(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def racquet_full(racquet):
+def racquet_joint(racquet):
     truth, segs = racquet
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a converged fit warns about nothing
-        # 4 sub-steps as the demo (rigidjax.cli_fit.DEMO_SUBSTEPS): with 1 the step error shifts
-        # bias_y by ~3 standard errors here (and warns); shared compilation with the CLI tests
-        fit = fit_inertia(
-            segs, tensor=True, drag="isotropic", bias=True, joint=True, starts=3, scale=("Iy", truth["Iy"]), substeps=4
-        )
+        fit = fit_inertia(segs, **FULL, joint=True, starts=3, scale=("Iy", truth["Iy"]))
     return truth, fit
 
 
-def test_recovers_non_diagonal_tensor_drag_and_bias(racquet_full):
-    truth, fit = racquet_full
-    assert fit.converged and fit.mode == "joint"
+def test_recovers_non_diagonal_tensor_drag_and_bias(racquet_joint):
+    truth, fit = racquet_joint
+    assert fit.converged and fit.status == FitStatus.CONVERGED and fit.mode == "joint"
     # data made by a different integrator with 0.01 rad/s noise: the residual is the noise
     assert 0.009 < fit.rms < 0.011
     for key in ("Ix/Iy", "Iz/Iy", "Ixy/Iy", "Ixz/Iy", "Iyz/Iy", "drag/Iy", "Ix", "Iz", "drag"):
         # within 4 standard errors of the noise-implied (Gauss-Newton) uncertainty...
         assert abs(_z(fit, truth, key)) < 4, (key, fit.estimates[key], truth[key], fit.uncertainties[key])
+        # ...and inside the interval that covers the scatter between windows, never narrower
+        lo, hi = fit.intervals[key]
+        assert lo <= truth[key] <= hi and fit.total_uncertainties[key] >= fit.uncertainties[key]
     for key in ("Ix/Iy", "Iz/Iy"):
-        # ...and those errors are small: the ratios are determined to better than 1 %
-        assert fit.uncertainties[key] < 0.01 * truth[key]
-    assert abs(fit.estimates["Ixy/Iy"] - truth["Ixy/Iy"]) < 0.02  # the misalignment is resolved
+        assert fit.uncertainties[key] < 0.01 * truth[key]  # the ratios to better than 1 %
     bias = np.array(fit.segments[0]["bias"])
     bias_se = np.array(fit.segments[0]["bias_se"])
     assert np.all(np.abs(bias - truth["bias"]) < 4 * bias_se)
-    # the step error of 4 sub-steps: far below the noise (0.01) and its shift below 0.3 standard errors
-    assert fit.step_error["substeps"] == 4 and fit.step_error["rms"] < 1e-3
-    assert fit.step_error["max_shift_se"] < 0.3 and "bias_y" in fit.step_error["shift_se"]
-    # physical by construction: principal moments positive, triangle inequality
-    moments = np.linalg.eigvalsh(fit._model["inertia"][0])
+    # sub-steps chosen per window: the step error shifts no estimate by more than 0.3 errors,
+    # and a tight independent integrator gives each window the same residual to 10 %
+    assert fit.step_error["max_shift_se"] <= 0.3 and "bias_y" in fit.step_error["shift_se"]
+    for s in fit.segments:
+        assert abs(s["rms_reference"] - s["rms"]) <= 0.1 * s["rms"]
+    # physical: principal moments positive, triangle inequality
+    from rigidjax.identify._model import theta_tensor
+
+    moments = np.linalg.eigvalsh(theta_tensor(fit._model["theta"][0], fit._model["spec"]))
     assert moments.min() > 0 and moments.max() <= moments.sum() - moments.max() + 1e-12
 
 
-def test_table_and_json_ready(racquet_full):
-    truth, fit = racquet_full
+def test_table_and_json_ready(racquet_joint):
+    truth, fit = racquet_joint
     fit.truth = {k: v for k, v in truth.items() if isinstance(v, float)}
     text = fit.table()
-    assert "joint estimate over 3 segment(s)" in text and "Ix/Iy" in text and "truth" in text
+    assert "joint estimate over 3 window(s)" in text and "95 % interval" in text and "truth" in text
     d = fit.to_dict()
-    import json
-
     json.dumps(d, allow_nan=False)
-    assert d["estimates"]["Ix/Iy"] == fit.estimates["Ix/Iy"] and len(d["segments"]) == 3
-    # misalignment: a delta-method error (central-difference gradient of the angle), and the
-    # truth (3 deg, racquet fixture) within 4 of them
+    assert d["status"] == "converged" and d["estimates"]["Ix/Iy"] == fit.estimates["Ix/Iy"] and len(d["segments"]) == 3
+    assert d["intervals"]["Ix/Iy"][0] < d["estimates"]["Ix/Iy"] < d["intervals"]["Ix/Iy"][1]
+    # misalignment: a delta-method error, and the truth (3 deg) within 4 of them
     se = fit.uncertainties["misalignment_deg"]
     assert 0 < se < 1 and abs(fit.estimates["misalignment_deg"] - truth["misalignment_deg"]) < 4 * se
-    assert "± ?" not in text
     t, measured, fitted = fit.predict(1)
     assert measured.shape == fitted.shape == (len(t), 3)
     assert np.sqrt(np.mean((measured - fitted) ** 2)) < 0.011
@@ -110,7 +109,7 @@ def test_table_and_json_ready(racquet_full):
 def lamina_fits(lamina):
     truth, segs = lamina
     joint = fit_inertia(segs, joint=True, starts=2)
-    per = fit_inertia(segs, joint=False, starts=2)
+    per = fit_inertia(segs, starts=2)
     return truth, joint, per
 
 
@@ -121,13 +120,15 @@ def test_thin_lamina_equality_case(lamina_fits):
     for key in ("Ix/Iy", "Iz/Iy"):
         assert abs(_z(joint, truth, key)) < 4, (key, joint.estimates[key], joint.uncertainties[key])
         assert joint.uncertainties[key] < 2e-3  # finite, small errors on the boundary of the valid set
-    # the estimate is physical: Iz <= Ix + Iy (relative to Iy: Iz/Iy <= Ix/Iy + 1), up to round-off
-    assert joint.estimates["Iz/Iy"] <= joint.estimates["Ix/Iy"] + 1 + 1e-9
+    # physical: Iz <= Ix + Iy (relative to Iy: Iz/Iy <= Ix/Iy + 1), to round-off
+    for f in (joint, *[s["estimates"] for s in per.segments]):
+        e = f.estimates if hasattr(f, "estimates") else f
+        assert e["Iz/Iy"] <= e["Ix/Iy"] + 1 + 1e-12
 
 
-def test_joint_and_per_segment_agree(lamina_fits):
+def test_joint_and_per_window_agree(lamina_fits):
     truth, joint, per = lamina_fits
-    assert per.converged and per.mode == "per-segment" and len(per.segments) == 3
+    assert per.converged and per.mode == "per-window" and len(per.segments) == 3
     for key in ("Ix/Iy", "Iz/Iy"):
         values = np.array([s["estimates"][key] for s in per.segments])
         errors = np.array([s["se"][key] for s in per.segments])
@@ -135,56 +136,154 @@ def test_joint_and_per_segment_agree(lamina_fits):
         assert np.all(np.abs(values - truth[key]) < 4 * errors)
         assert np.all(errors > joint.uncertainties[key])
         assert per.estimates[key] == pytest.approx(np.median(values))
-        assert per.combined["all"][key]["n"] == 3
+        # three windows: the order-statistic interval is their range (75 % coverage, said so)
+        assert per.intervals[key] == pytest.approx((values.min(), values.max()))
+    assert per.combined["n"] == 3 and "coverage 75.0 %" in per.combined["method"]
 
 
-@pytest.mark.slow
-def test_substeps_converge_at_second_order():
-    # the model's error against the exact elliptic solution falls 4x per halving of the step
-    inertia = np.array([1.0, 2.0, 3.0])
-    w0 = np.array([0.05, 4.0, 0.1])
-    t = np.linspace(0.0, 1.5, 121)
-    exact = torque_free_omega(inertia, w0, t)
-    f = jax.jit(functools.partial(simulate_omega, inertia, w0), static_argnames="substeps")
-    errs = [float(np.max(np.abs(np.asarray(f(t, substeps=k)[0]) - exact))) for k in (1, 2, 4)]
-    assert errs[0] > errs[1] > errs[2]
-    # observed order log2(e_k / e_2k) = 2 within 0.1 (asymptotic regime at |omega| dt <= 0.05)
-    assert np.log2(errs[0] / errs[1]) == pytest.approx(2, abs=0.1)
-    assert np.log2(errs[1] / errs[2]) == pytest.approx(2, abs=0.1)
+def test_minimum_on_the_thin_plate_edge_is_reached_exactly():
+    """Data from a body just beyond the valid set (Iz = 1.05 (Ix + Iy): no mass distribution
+    has it, Euler's equations do not care): the least-squares minimum over the physically
+    valid inertias lies ON the thin-plate edge Iz = Ix + Iy. The fit must land there exactly
+    (not approach it, as a squared-parameter map does) and call it converged; SciPy checks
+    independently that stepping inside the valid set, with the initial rate refitted, costs more."""
+    rng = np.random.default_rng(7)
+    inertia = np.array([1.0, 2.0, 3.15])
+    segs = []
+    for k in range(2):
+        t = np.cumsum(np.full(110, 0.01) + rng.uniform(-1e-4, 1e-4, 110))
+        w0 = np.array([0.3 * rng.normal(), 6.0 + k, 0.3 * rng.normal()])
+        w = euler_omega(inertia, w0, t) + 0.01 * rng.normal(size=(110, 3))
+        segs.append(Segment(t, w, name=f"beyond the edge {k}", source="edge"))
+    fit = fit_inertia(segs, starts=2)
+    for s in fit.segments:
+        e = s["estimates"]
+        assert s["status"] == FitStatus.CONVERGED and s["optimality"] < 1e-10
+        assert abs(e["Iz/Iy"] - (e["Ix/Iy"] + 1)) < 1e-12  # exactly on the edge
+    # independent check of the boundary optimum: fix the inertia a little inside the edge
+    # along its normal, refit the initial rate with SciPy: the cost rises
+    s0, seg = fit.segments[0], segs[0]
+    a = s0["estimates"]["Ix/Iy"]
+    sim = jax.jit(lambda c, w0: simulate_omega(jax.numpy.stack([a, 1.0, c]), w0, seg.t, substeps=s0["substeps"])[0])
+
+    def cost(c_over_iy):
+        res = optimize.least_squares(
+            lambda w0: (np.asarray(sim(c_over_iy, w0)) - seg.omega).ravel(), np.asarray(s0["omega0"]),
+            xtol=1e-14, ftol=1e-14, gtol=1e-14,
+        )
+        return float(res.cost)
+
+    edge = 0.5 * s0["rms"] ** 2 * 3 * seg.n
+    assert cost(a + 1) == pytest.approx(edge, rel=1e-6)
+    assert cost(a + 1 - 0.02) > edge * (1 + 1e-4)
 
 
-@pytest.mark.slow
-def test_step_error_shift_predicts_the_refit(tmp_path):
-    """The reported step-error shift (Richardson + first-order least squares) against an
-    independent truth: how far the estimates really move when the fit is redone with a finer
-    step. QA case: the demo recording (seed 0), whose y gyro bias was 3 standard errors off with
-    1 sub-step. Run with ``pytest -m slow tests/test_identify.py`` (two compilations, ~1 min)."""
-    truth = synthesize_recording(tmp_path, n_tosses=5, seed=0)
+def test_recordings_of_two_bodies_are_not_pooled(tmp_path, capsys):
+    """A tree with a racquet recording (4 tosses) and one of a box (2 tosses): the joint fit
+    names the box's recording, leaves it out (status inconsistent, exit 3) and estimates the
+    racquet; pool='all' pools both, and the joint fit's per-window rule catches the misfit."""
+    a = synthesize_recording(tmp_path / "racquet", moments=RACQUET_MOMENTS, misalignment=(0, 0, 0), bias=(0, 0, 0), n_tosses=4, seed=3, **TOSS)
+    synthesize_recording(tmp_path / "box", moments=(2e-3, 3e-3, 4e-3), misalignment=(0, 0, 0), bias=(0, 0, 0), drag=0.0,
+                         spin_axis=1, spin=(6.0, 8.0), n_tosses=2, seed=4, **TOSS)
+    segs = load_phyphox(tmp_path)
+    with pytest.warns(UserWarning, match="inconsistent"):
+        fit = fit_inertia(segs, joint=True, starts=2)
+    assert fit.status == FitStatus.INCONSISTENT and not fit.converged
+    (excluded,) = fit.combined["excluded"]
+    assert excluded.startswith("box") and "Ix/Iy 0.6" in fit.combined["excluded"][excluded]
+    assert fit.combined["n"] == 4 and fit.combined["sources"] == [fit.segments[2]["recording"]]
+    assert fit.segments[2]["recording"] == "racquet/Gyroscope rotation rate 2026-01-01 12-00-00"
+    assert abs(fit.estimates["Ix/Iy"] - a["Ix/Iy"]) < 0.05 * a["Ix/Iy"]
+    assert [s["status"] for s in fit.segments].count(FitStatus.INCONSISTENT) == 2
+    assert "NOT POOLED" in fit.table()
+    with pytest.warns(UserWarning, match="poor_fit"):
+        forced = fit_inertia(segs, joint=True, starts=2, pool="all")
+    # pooled regardless; but a box window cannot share the racquet's inertia: the joint
+    # fit's own quality rule names it and leaves it out
+    assert not forced.combined["excluded"] and forced.status == FitStatus.POOR_FIT
+    assert any("under the shared inertia" in s.get("reason", "") for s in forced.segments[:2])
+    from rigidjax.cli import main
+
+    assert main(["fit", str(tmp_path), "--joint", "--quiet", "--starts", "2"]) == 3
+    out = capsys.readouterr()
+    assert "NOT POOLED" in out.out and "box" in out.out
+
+
+def test_per_window_bias_refit_does_not_crash(racquet):
+    """Regression (issue: ``rigidjax fit round1 --bias`` crashed in the refit of outliers, which
+    assumed 3 trailing unknowns): per-window fits with a bias and a window that forces the
+    refit (two tosses spliced at mid-window: not free flight)."""
+    truth, segs = racquet
+    a, b = segs[0], segs[1]
+    h = a.n // 2
+    spliced = Segment(a.t, np.concatenate([a.omega[:h], b.omega[h : a.n]]), name="spliced", source=a.source)
+    with pytest.warns(UserWarning, match="poor_fit"):
+        fit = fit_inertia([*segs, spliced], **FULL, starts=2)
+    status = [s["status"] for s in fit.segments]
+    assert status[:3] == [FitStatus.CONVERGED] * 3 and status[3] == FitStatus.POOR_FIT, status
+    assert "not free flight" in fit.segments[3]["reason"]
+    assert fit.status == FitStatus.POOR_FIT and fit.combined["n"] == 3
+    for s in fit.segments[:3]:
+        assert np.all(np.abs(np.array(s["bias"]) - truth["bias"]) < 4 * np.array(s["bias_se"]) + 1e-3)
+
+
+def test_fast_tosses_step_error_is_caught_and_avoided(tmp_path):
+    """Tosses at ~20 rad/s (|omega| dt ~ 0.2 at 100 Hz). With one sub-step, the tight DOP853
+    re-simulation gives the fitted windows a residual far from the fit's own: flagged
+    step_error by name. With the default automatic sub-steps it holds."""
+    truth = synthesize_recording(tmp_path, spin=(18.0, 22.0), n_tosses=2, seed=5, **TOSS)
     segs = load_phyphox(truth["path"])
-    kw = dict(tensor=True, drag="isotropic", bias=True, joint=True, starts=2, scale=("Iy", truth["Iy"]))
-    with pytest.warns(UserWarning, match="step error"):
-        coarse = fit_inertia(segs, substeps=1, **kw)
-    fine = fit_inertia(segs, substeps=4, **kw)
-    assert coarse.step_error["max_shift_se"] > 2 and fine.step_error["max_shift_se"] < 0.3
-    moved = {k: (coarse.estimates[k] - fine.estimates[k]) / coarse.uncertainties[k] for k in ("Ix/Iy", "Iz/Iy", "Ixy/Iy", "Iyz/Iy", "drag/Iy")}
-    moved["bias_y"] = (coarse.segments[0]["bias"][1] - fine.segments[0]["bias"][1]) / coarse.segments[0]["bias_se"][1]
-    for key, m in moved.items():
-        predicted = coarse.step_error["shift_se"][key] - fine.step_error["shift_se"][key]
-        # first order in the shift, and Richardson with the asymptotic order 2 (the measured
-        # error ratio per halving is ~5, not 4, at |omega| dt ~ 0.1): 25 % + 0.1 standard error
-        assert m == pytest.approx(predicted, abs=0.25 * abs(predicted) + 0.1), (key, m, predicted)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        coarse = fit_inertia(segs, **FULL, substeps=1, starts=2)
+    flagged = [s for s in coarse.segments if s["status"] == FitStatus.STEP_ERROR]
+    assert flagged and all("DOP853" in s["reason"] for s in flagged)
+    assert coarse.step_error["max_shift_se"] > 1
+    auto = fit_inertia(segs, **FULL, starts=2)
+    assert auto.converged
+    assert auto.step_error["max_shift_se"] <= 0.3 and min(auto.step_error["substeps"]) >= 2
+    for s in auto.segments:
+        assert abs(s["rms_reference"] - s["rms"]) <= 0.1 * s["rms"]
+        assert abs(s["estimates"]["drag/Iy"] - truth["drag/Iy"]) < 4 * s["se"]["drag/Iy"]
 
 
-# ----------------------------------------------------------------------------- bad input
+# ----------------------------------------------------------------------------- identifiability
+
+
+def test_nothing_to_identify_is_said_plainly(tmp_path):
+    """Pure gyroscope noise, three samples, a steady spin about one principal axis: no
+    estimate is presented, the status says why, and it is not 'converged'."""
+    rng = np.random.default_rng(0)
+    t = np.arange(110) * 0.01
+    noise = Segment(t, 0.01 * rng.normal(size=(110, 3)), name="noise only")
+    three = Segment(t[:3], np.array([[1.0, 2, 3], [1.1, 2, 3], [1.2, 2, 3]]), name="three rows")
+    spin = Segment(t, np.tile([0.0, 0.0, 10.0], (110, 1)) + 0.01 * rng.normal(size=(110, 3)), name="steady spin")
+    for seg, why in ((noise, "noise"), (three, "too few"), (spin, "steady spin")):
+        with pytest.warns(UserWarning, match="unidentifiable"):
+            fit = fit_inertia(seg)
+        assert fit.status == FitStatus.UNIDENTIFIABLE and not fit.converged
+        assert fit.estimates == {} and why in fit.segments[0]["reason"]
+        assert "no estimate" in fit.table()
+    from rigidjax.cli import main
+
+    csv = tmp_path / "noise.csv"
+    csv.write_text("t,wx,wy,wz\n" + "\n".join(f"{a},{b},{c},{d}" for a, (b, c, d) in zip(t, noise.omega)))
+    assert main(["fit", str(csv), "--quiet"]) == 1
+
+
+def test_windows_beyond_free_flight_are_refused(capsys):
+    t = np.arange(0, 30.0, 0.01)
+    seg = Segment(t, np.tile([1.0, 2.0, 3.0], (t.size, 1)), name="long recording")
+    with pytest.raises(FitError, match=r"long recording: 3000 samples over 30 s: longer than the free-flight bound"):
+        fit_inertia(seg)
+    with pytest.raises(FitError, match="max_samples=2000"):
+        fit_inertia(seg, max_duration=60, max_samples=2000)
 
 
 def test_bad_input_clear_errors(lamina, tmp_path):
     truth, segs = lamina
-    with pytest.raises(FitError, match="no segments"):
+    with pytest.raises(FitError, match="no windows"):
         fit_inertia([])
-    short = Segment(segs[0].t[:3], segs[0].omega[:3], name="short one")
-    with pytest.raises(FitError, match=r"short one.*3 samples x 3 = 9 values cannot determine the 12 parameters"):
-        fit_inertia([short], tensor=True, drag="isotropic", bias=True)
     with pytest.raises(DataError, match="at least 2 samples"):  # an empty window
         fit_inertia((np.zeros(0), np.zeros((0, 3))))
     omega = segs[0].omega.copy()
@@ -195,20 +294,13 @@ def test_bad_input_clear_errors(lamina, tmp_path):
     bad.write_text("time,wx,wy,wz\n0,1,2,3\n0.01,1,2,3\n")
     with pytest.raises(DataError, match=r"bad.csv, line 1: missing column\(s\) \['t'\]"):
         fit_inertia(bad)
-    with pytest.raises(FitError, match="drag must be one of"):
-        fit_inertia(segs, drag="quadratic")
-    with pytest.raises(FitError, match="scale: key must be one of"):
-        fit_inertia(segs, scale="Iq=1")
-    with pytest.raises(FitError, match="scale: Iy must be a positive number"):
-        fit_inertia(segs, scale="Iy=-1")
-
-
-def test_two_sample_window_is_too_short(tmp_path):
-    # 6 values > 5 parameters, but the fit's start differentiates the rates: 3 samples at least
-    two = tmp_path / "two.csv"
-    two.write_text("t,wx,wy,wz\n0,1,2,3\n0.01,1,2,3\n")
-    with pytest.raises(FitError, match=r"two\): 2 samples: window too short for the 5 parameters"):
-        fit_inertia(two)
+    for kw, msg in (
+        (dict(drag="quadratic"), "drag must be one of"), (dict(scale="Iq=1"), "scale: key must be one of"),
+        (dict(scale="Iy=-1"), "scale: Iy must be a positive number"), (dict(substeps=0), "substeps must be 'auto'"),
+        (dict(pool="some"), "pool must be"), (dict(starts=0), "starts must be an integer >= 1"),
+    ):
+        with pytest.raises(FitError, match=msg):
+            fit_inertia(segs, **kw)
 
 
 def test_float32_fit_warns_to_enable_float64(lamina):
@@ -220,114 +312,131 @@ def test_float32_fit_warns_to_enable_float64(lamina):
 
 
 def test_float32_fit_reaches_the_float64_estimate(lamina_fits, lamina):
-    """QA regression: in float32 the LM's tolerances were below the dtype's resolution, so it
-    stopped after one step at a 10x worse fit and called it converged. Truth: the float64 fit
-    of the same segment (lamina_fits)."""
+    """In float32 the optimiser's tolerance follows the dtype (100 eps): it reaches the same
+    minimum as float64 (the lamina's per-window fit) to a tenth of its standard error."""
     truth, joint, per = lamina_fits
     _, segs = lamina
-    with jax.enable_x64(False), pytest.warns(UserWarning, match="float32"):
+    with jax.enable_x64(False), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         fit = fit_inertia(segs[:1], starts=2)
     ref = per.segments[0]
     s = fit.segments[0]
-    assert s["status"] in ("converged", "stalled") and s["iterations"] > 2
-    # same minimum: the rms to 1 % (noise-level fit: 0.01 rad/s), the ratios to a tenth of
-    # their float64 standard error
+    assert s["status"] in (FitStatus.CONVERGED, FitStatus.STALLED) and s["iterations"] >= 1
     assert s["rms"] == pytest.approx(ref["rms"], rel=0.01)
     for key in ("Ix/Iy", "Iz/Iy"):
         assert abs(s["estimates"][key] - ref["estimates"][key]) < 0.1 * ref["se"][key], key
 
 
-def test_pure_spin_is_not_identifiable():
-    """A steady spin about a principal axis solves Euler's equations for ANY inertia (w x I w = 0
-    when w is an eigenvector of I): the data cannot determine the ratios."""
-    from rigidjax.identify import UNIDENTIFIABLE
-
-    t = np.arange(110) * 0.01  # 110 samples: padded to 128, the compilation the lamina fits use
-    omega = np.tile([0.0, 0.0, 10.0], (t.size, 1))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RuntimeWarning)  # no raw NumPy warning (0 * inf)
-        with pytest.warns(UserWarning, match="do not determine the inertia ratios"):
-            fit = fit_inertia((t, omega), starts=1)
-    assert fit.status == UNIDENTIFIABLE and fit.segments[0]["status"] == UNIDENTIFIABLE
-    assert not fit.converged
-    assert all(np.isinf(fit.uncertainties[k]) for k in ("Ix/Iy", "Iz/Iy"))
-    d = fit.to_dict()
-    assert d["uncertainties"] == {"Ix/Iy": None, "Iz/Iy": None}
-    assert "± inf" in fit.table() and "± ?" not in fit.table()
-
-
-def test_single_segment_reports_its_estimate_and_error(lamina):
-    truth, segs = lamina
-    fit = fit_inertia(segs[:1], starts=2)
-    s = fit.segments[0]
-    assert fit.converged and fit.mode == "per-segment"
-    for key in ("Ix/Iy", "Iz/Iy"):
-        # the combined value IS the segment's, with its Gauss-Newton error (not a zero spread)
-        assert fit.estimates[key] == s["estimates"][key] and fit.uncertainties[key] == s["se"][key]
-        assert 0 < fit.uncertainties[key] and abs(_z(fit, truth, key)) < 4
-    text = fit.table()
-    assert "(fixed)" not in text and "single segment" in text
-    assert "Spin about principal axis 1" in text  # the comment in full, not cut
-
-
 def test_non_convergence_is_reported(lamina):
     truth, segs = lamina
-    with pytest.warns(UserWarning, match="did not converge.*max_steps"):
-        fit = fit_inertia(segs[:1], starts=1, phase1_steps=1, max_steps=1)
-    assert not fit.converged and fit.segments[0]["status"] == "max_steps"
-    assert "did not converge" in fit.status
+    with pytest.warns(UserWarning, match="max_steps"):
+        fit = fit_inertia(segs[:1], starts=1, phase1_steps=1, max_steps=1, substeps=1)
+    assert not fit.converged and fit.segments[0]["status"] == FitStatus.MAX_STEPS
+    assert "max_steps" in fit.message
 
 
 def test_noise_estimate_from_second_differences(lamina):
-    from rigidjax.identify import _noise_and_signal
+    from rigidjax.identify._model import noise_and_signal
 
     truth, segs = lamina
-    # synthetic tosses carry white gyroscope noise of 0.01 rad/s (rigidjax.synthetic); the
-    # smooth flip adds ~|w''| dt^2 ~ 1e-3 rad/s to the differences: 25 % bounds both effects
-    # and the sampling error of ~300 values
+    # synthetic tosses carry white gyroscope noise of 0.01 rad/s; the smooth flip adds
+    # ~|w''| dt^2 ~ 1e-3 rad/s to the differences: 25 % bounds both and the sampling error
     for s in segs:
-        noise, signal = _noise_and_signal(s)
+        noise, signal = noise_and_signal(s.omega)
         assert 0.0075 < noise < 0.0125, noise
-        # the rates vary (nutation about the intermediate axis) far above the noise
         assert signal > 10 * noise
 
 
-def test_poor_fit_is_not_reported_as_converged(lamina):
-    """A window that is not free flight (two tosses spliced at mid-window, as an unmarked
-    catch-and-throw would give): the optimiser stops at a stationary point, but the residual is
-    implausible (many times the other segments' and the noise), so the status says poor_fit,
-    the medians leave it out, and the table and a warning say so."""
-    from rigidjax.identify import POOR_FIT
-    from rigidjax.io import Segment
-
-    truth, segs = lamina
-    a, b = segs[0], segs[1]
-    h = a.n // 2
-    spliced = Segment(a.t, np.concatenate([a.omega[:h], b.omega[h : a.n]]), name="spliced", source=a.source)
-    with pytest.warns(UserWarning, match="poor_fit"):
-        fit = fit_inertia([*segs, spliced], starts=2)
-    status = [s["status"] for s in fit.segments]
-    assert status[:3] == ["converged"] * 3 and status[3] == POOR_FIT, status
-    assert not fit.converged and "poor_fit" in fit.status and "excluded" in fit.status
-    assert fit.combined["n"] == 3 and "EXCLUDED from the medians" in fit.table()
-    good = [s["estimates"]["Ix/Iy"] for s in fit.segments[:3]]
-    assert fit.estimates["Ix/Iy"] == pytest.approx(np.median(good))
+@pytest.mark.slow
+def test_substeps_converge_at_second_order():
+    # the model's error against the exact elliptic solution falls 4x per halving of the step
+    inertia = np.array([1.0, 2.0, 3.0])
+    w0 = np.array([0.05, 4.0, 0.1])
+    t = np.linspace(0.0, 1.5, 121)
+    exact = torque_free_omega(inertia, w0, t)
+    f = jax.jit(functools.partial(simulate_omega, inertia, w0))
+    errs = [float(np.max(np.abs(np.asarray(f(t, substeps=k)[0]) - exact))) for k in (1, 2, 4)]
+    assert errs[0] > errs[1] > errs[2]
+    # observed order log2(e_k / e_2k) = 2 within 0.1 (asymptotic regime at |omega| dt <= 0.05)
+    assert np.log2(errs[0] / errs[1]) == pytest.approx(2, abs=0.1)
+    assert np.log2(errs[1] / errs[2]) == pytest.approx(2, abs=0.1)
 
 
+# ----------------------------------------------------------------------------- real recordings
+
+
+def test_clean_double_flip_gets_its_minimum_and_a_true_status(racquet_dir):
+    """Round 1, recording 17-10-11, window #1: a double flip at ~21 rad/s that used to end at
+    9.8 rad/s residual with Ix/Iy 808, labelled 'converged (ratios not identifiable)'. The
+    fit now reaches its least-squares minimum (1.69 rad/s, confirmed by 102 starts in the
+    slow search) with Ix/Iy near the rest of round 1 (~3.7-4.9); its residual is 3-5x the other
+    windows' (the flip timing is not free-flight exact), so it is not called identifiable-but-
+    arbitrary."""
+    rec = racquet_dir / "flips" / "round1" / "Gyroscope rotation rate 2025-01-16 17-10-11"
+    segs = load_phyphox(rec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = fit_inertia(segs)
+    s = next(s for s in fit.segments if s["index"] == 1)
+    assert s["rms"] < 1.8 and 3 < s["estimates"]["Ix/Iy"] < 6, (s["rms"], s["estimates"])
+    assert s["status"] != FitStatus.UNIDENTIFIABLE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", [{}, {"tensor": True, "drag": "isotropic"}], ids=["moments", "tensor-drag"])
+def test_no_start_beats_the_reported_minimum(racquet_dir, model):
+    """Proof by search on every shared window (69): 100 random physically valid starts plus
+    the consensus, each with two initial rates, all to convergence: none beats the reported
+    cost by more than 0.5 %. (~2 min per model on 2 cores; run with ``pytest -m slow``.)"""
+    segs = load_phyphox(racquet_dir / "flips")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = fit_inertia(segs, **model)
+    res = multistart_check(fit, starts=100)
+    assert len(res) == len(segs) == 69
+    worst = max(res, key=lambda r: r["excess"])
+    assert worst["excess"] <= 0.005, worst
+
+
+@pytest.mark.slow
+def test_intervals_cover_the_truth_under_per_window_model_error(tmp_path):
+    """Calibration: 60 synthetic recordings of 10 tosses of a box (moments 2, 3, 4 g m^2),
+    each toss with its own sensor misalignment (1-sigma 0.02 rad, not in the model) and its
+    own drag (+-50 %, one drag in the joint model): the nominal 95 % intervals (per-window
+    median and joint) must cover the truth 90-99 % of the time. Binomial sampling error at
+    60 seeds and 95 %: +-2.8 %. (~2.5 min; ``pytest -m slow``.)"""
+    M = (2e-3, 3e-3, 4e-3)
+    truth = {"Ix/Iy": M[0] / M[1], "Iz/Iy": M[2] / M[1]}
+    hits = {"per": [], "joint": []}
+    for seed in range(60):
+        tr = synthesize_recording(
+            tmp_path / str(seed), moments=M, misalignment=(0, 0, 0), window_misalignment=0.02, drag=2e-4, drag_spread=0.5,
+            bias=(0, 0, 0), n_tosses=10, seed=seed, spin_axis=1, spin=(6.0, 9.0), **TOSS,
+        )
+        segs = load_phyphox(tr["path"])
+        for mode, joint in (("per", False), ("joint", True)):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fit = fit_inertia(segs, drag="isotropic", joint=joint, seed=seed)
+            hits[mode].append([fit.intervals[k][0] <= truth[k] <= fit.intervals[k][1] for k in truth])
+    for mode, h in hits.items():
+        coverage = np.mean(h, axis=0)
+        assert np.all((coverage >= 0.90) & (coverage <= 0.99)), (mode, coverage)
+
+
+@pytest.mark.slow
 def test_wrong_local_minimum_is_recovered_on_real_flips(racquet_dir):
-    """Regression: round-3 windows #5-7, #15, #16 with isotropic drag, per segment, used to end
+    """Regression: round-3 windows #5-7, #15, #16 with isotropic drag, per window, used to end
     "converged" in wrong minima (RMS 4-6 rad/s, Ix/Iy 0.05-1.3, once Iz < Iy). starts=1 keeps
-    only the drag model's equation-error start, the one that led there; the refit of outliers
-    (drag-free continuation) must bring every throw to the physical basin."""
+    only the drag model's equation-error start; the refit of suspects must bring every throw
+    to the physical basin."""
     recording = racquet_dir / "flips" / "round3" / "Gyroscope rotation rate 2025-02-14 09-35-02"
     segs = [s for s in load_phyphox(recording) if s.index in (5, 6, 7, 15, 16)]
     assert len(segs) == 5
     fit = fit_inertia(segs, drag="isotropic", starts=1)
     for s in fit.segments:
         e = s["estimates"]
-        # good fits of these throws leave 0.2-0.7 rad/s of model error; wrong minima 4-8 rad/s
-        assert s["rms"] < 1.0 and s["status"] == "converged", (s["name"], s["rms"], s["status"])
-        # phone y is the racquet's minor axis: Iy smallest (pendulum: Ix/Iy 13.5 +- 4, Iz/Iy 14.9 +- 3)
+        assert s["rms"] < 1.0 and s["status"] == FitStatus.CONVERGED, (s["name"], s["rms"], s["status"])
         assert 5 < e["Ix/Iy"] < e["Iz/Iy"] < 30, (s["name"], e)
         assert e["drag/Iy"] >= 0
     assert fit.converged

@@ -483,52 +483,6 @@ def test_simulate_scenario_tennis_racket_flip():
         simulate_scenario(0.0, 1.0)
 
 
-# ---------------------------------------------------------------- pendulum identification
-
-
-def test_fit_pendulum_recovers_synthetic_parameters():
-    """Data from a tight SciPy solution of the damped pendulum at jittered sample times."""
-    from rigidjax.pendulum_id import fit_pendulum
-
-    rng = np.random.default_rng(1)
-    w0, c, th0, rate0, bias = 4.4, 0.2, 0.25, 0.3, 0.01
-    t = 3.0 + np.cumsum(0.01 + 0.002 * rng.uniform(size=450))  # ~100 Hz, non-uniform like phyphox
-    sol = solve_ivp(
-        lambda s, y: [y[1], -(w0**2) * np.sin(y[0]) - c * y[1]],
-        (t[0], t[-1]),
-        [th0, rate0],
-        t_eval=t,
-        method="DOP853",
-        rtol=1e-12,
-        atol=1e-13,
-    )
-    omega = np.zeros((t.size, 3))
-    omega[:, 0] = sol.y[1] + bias + 0.005 * rng.standard_normal(t.size)
-    fit = fit_pendulum(t, omega, pad_to=500)  # pad_to shares the compile with the real-data test
-    assert fit.converged
-    # noise 5e-3 rad/s on 450 samples: parameter errors well below these bounds
-    assert fit.omega0 == pytest.approx(w0, rel=2e-4)
-    assert fit.damping_rate == pytest.approx(c, abs=5e-3)
-    assert fit.bias == pytest.approx(bias, abs=1e-3)
-    assert fit.theta0 == pytest.approx(th0, abs=2e-3)
-    assert fit.rms == pytest.approx(0.005, rel=0.2)
-
-
-def test_fit_pendulum_real_recording(racquet_dir):
-    """The racquet swinging about the dowel: the study's period 1.436 +- 0.039 s and I_p 96.8 +- 5.4 g m^2."""
-    from rigidjax.io import load_phyphox
-    from rigidjax.pendulum_id import fit_pendulum
-
-    segments = load_phyphox(racquet_dir / "pendulum" / "x-axis" / "Gyroscope rotation rate 2025-03-07 14-02-08")
-    seg = segments[0]  # window [5, 10] s, 499 samples
-    fit = fit_pendulum(seg.t, seg.omega, pad_to=500)
-    assert fit.converged
-    assert abs(fit.period - 1.436) < 0.039  # the data README's 1-sigma
-    assert abs(fit.inertia_pivot - 0.0968) < 0.0054
-    assert fit.damping_rate > 0  # energy is lost, not gained
-    assert fit.rms < 0.03  # rad/s, against swing rates of ~1.6 rad/s
-
-
 def test_step_rotation_reports_the_input_motion_and_flags_the_limit():
     """``info.rotation`` is ``|omega| dt`` of the INPUT state on failure; ROTATION_LIMIT above 0.5 rad.
 

@@ -1,0 +1,21 @@
+r"""Identification from measured motion: inertia from free flights, a pendulum's moment.
+
+* :func:`fit_inertia`: inertia ratios (or moments given one known value), angular air drag
+  and gyroscope bias from gyroscope windows of free flight, per window or jointly; see
+  :mod:`rigidjax.identify._fit` for the method, the statuses and the uncertainties.
+* :func:`fit_pendulum`, :func:`fit_pendulum_segments`: a physical pendulum's frequency,
+  moment about the pivot and damping through variational rollouts
+  (:mod:`rigidjax.identify.pendulum`).
+* :class:`FitStatus`: one status vocabulary for every fit.
+"""
+
+from ._derived import FitError, parse_scale
+from ._fit import fit_inertia, multistart_check
+from ._model import simulate_omega
+from ._result import EXIT_CODES, FitStatus, InertiaFit, exit_code
+from .pendulum import PendulumFit, fit_pendulum, fit_pendulum_segments
+
+__all__ = [
+    "fit_inertia", "multistart_check", "InertiaFit", "FitStatus", "FitError", "parse_scale", "simulate_omega", "EXIT_CODES", "exit_code",
+    "fit_pendulum", "fit_pendulum_segments", "PendulumFit",
+]

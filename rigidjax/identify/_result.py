@@ -1,0 +1,243 @@
+"""Statuses and the result of an inertia fit (table, JSON, prediction)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from ._model import Spec, pad_length, simulator
+
+
+class FitStatus(str, enum.Enum):
+    """Outcome of a fit: one vocabulary for windows, joint fits, pendulum swings and the whole.
+
+    A ``str`` enum: ``FitStatus.CONVERGED == "converged"``; JSON holds the value.
+    """
+
+    #: The least-squares minimum was reached (first-order optimality at the physically valid
+    #: set, bounds included), the residual is plausible and the data determine the estimate.
+    CONVERGED = "converged"
+    #: The optimiser's iteration cap came first (raise ``max_steps``).
+    MAX_STEPS = "max_steps"
+    #: The optimiser could not lower the cost further, yet first-order optimality does not hold.
+    STALLED = "stalled"
+    #: The simulation or the data gave NaN/inf.
+    NONFINITE = "nonfinite"
+    #: A stationary point with an implausible residual (far above the other windows' and
+    #: the noise): a wrong basin, or a window that is not free flight. Excluded from combining.
+    POOR_FIT = "poor_fit"
+    #: The data cannot determine the fitted parameters (noise only, too few samples, a spin
+    #: about one principal axis): no estimate is presented.
+    UNIDENTIFIABLE = "unidentifiable"
+    #: Re-simulated by a tight independent integrator, the fitted window's residual differs by
+    #: more than 10 %: the midpoint step's own error shapes the fit (raise ``substeps``).
+    STEP_ERROR = "step_error"
+    #: Windows of recordings whose estimates disagree with the others' beyond their spread
+    #: (a different body?): not pooled.
+    INCONSISTENT = "inconsistent"
+    #: A pendulum window that does not swing freely from its start (held, pushed).
+    NOT_FREE = "not_free"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: Exit codes of the command line: 0 converged, 1 a result that is not (or not fully)
+#: trustworthy (see the status), 2 bad input, 3 recordings not pooled (inconsistent).
+EXIT_CODES = {FitStatus.CONVERGED: 0, FitStatus.INCONSISTENT: 3}
+
+
+def exit_code(status: FitStatus) -> int:
+    return EXIT_CODES.get(FitStatus(status), 1)
+
+
+def pm(v, e) -> str:
+    """``value ± error`` for tables."""
+    if v is None or not np.isfinite(v):
+        return "—"
+    if e is None or np.isnan(e):
+        return f"{v:.5g}"
+    if not np.isfinite(e):
+        return f"{v:.5g} ± inf"
+    if e == 0:
+        return f"{v:.5g} (fixed)"
+    return f"{v:.5g} ± {e:.2g}"
+
+
+def _interval(iv) -> str:
+    if iv is None or iv[0] is None or not (np.isfinite(iv[0]) and np.isfinite(iv[1])):
+        return "—"
+    return f"[{iv[0]:.5g}, {iv[1]:.5g}]"
+
+
+def _clean(v):
+    if isinstance(v, FitStatus):
+        return v.value
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    if isinstance(v, np.ndarray):
+        return _clean(v.tolist())
+    if isinstance(v, (np.floating, float)):
+        return float(v) if np.isfinite(v) else None
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, np.bool_):
+        return bool(v)
+    return v
+
+
+@dataclasses.dataclass
+class InertiaFit:
+    """Result of :func:`rigidjax.identify.fit_inertia` (NumPy values; JSON via :meth:`to_dict`).
+
+    Attributes:
+        mode: ``"joint"`` (one inertia and drag shared by the pooled windows) or
+            ``"per-window"`` (each window fitted alone, then combined by the median).
+        options: the fit's options.
+        status: :class:`FitStatus` of the whole: ``CONVERGED`` only if every window is
+            converged and nothing was left out; otherwise the most serious status present
+            (``INCONSISTENT`` > not converged > ``POOR_FIT`` > ``STEP_ERROR`` > ``UNIDENTIFIABLE``).
+        message: what the status means here, in words (which windows, which recordings).
+        estimates: name -> the combined estimate (per-window: median over the pooled converged
+            windows; joint: the joint estimate; one window: its estimate). Empty when nothing
+            is identifiable. Names: ``Ix/Iy``, ``Iz/Iy`` (tensor diagonal in sensor axes over
+            ``I_yy``), ``Ixy/Iy``, ``Ixz/Iy``, ``Iyz/Iy``, ``Imid/Imin``, ``Imax/Imin``,
+            ``misalignment_deg`` (full tensor), ``drag/Iy`` (1/s); with a scale ``Ix``, ``Iy``,
+            ``Iz`` (kg m^2), ``drag`` (N m s).
+        uncertainties: statistical 1-sigma of each estimate: the Gauss-Newton errors implied
+            by the residual (per-window mode: of the median, from the windows' errors); they
+            ignore model error.
+        total_uncertainties: 1-sigma that covers the scatter between windows (model error
+            included): per-window, half the width of :attr:`intervals` over 1.96; joint, the
+            cluster-robust (sandwich) covariance over windows. ``nan`` with one window.
+        intervals: name -> ``(lo, hi)``, the 95 % interval covering the between-window
+            scatter: per-window, order statistics of the windows (distribution-free
+            interval of the median); joint, ``estimate ± t(0.975, n-1) total``.
+        segments: one dict per window: name, comment, source, n, substeps, rms (rad/s),
+            rms_reference (the same parameters under a tight ODE solver), status, reason,
+            iterations, omega0, (bias), estimates and se (its own fit), noise and signal
+            (rad/s), step_shift_se.
+        combined: how the windows were pooled: ``n``, ``sources``, ``excluded`` (recording ->
+            why), ``by_source`` summaries, ``method`` of the intervals.
+        rms: residual RMS over the pooled windows, rad/s.
+        truth: the true values where known (synthetic data), else ``None``.
+        step_error: the simulation's own step error: ``substeps`` (per window), ``rms``
+            (rad/s), ``shift_se`` (name -> largest first-order shift over the windows, in
+            standard errors), ``max_shift_se``.
+    """
+
+    mode: str
+    options: dict
+    status: FitStatus
+    message: str
+    estimates: dict
+    uncertainties: dict
+    total_uncertainties: dict
+    intervals: dict
+    segments: list
+    combined: dict
+    rms: float
+    truth: dict | None = None
+    step_error: dict | None = None
+    _model: dict = dataclasses.field(default=None, repr=False)
+    _data: list = dataclasses.field(default=None, repr=False)
+
+    @property
+    def converged(self) -> bool:
+        """The whole fit reached its minimum and nothing was left out (status ``CONVERGED``)."""
+        return self.status == FitStatus.CONVERGED
+
+    def predict(self, i: int, *, t=None):
+        """``(t, measured omega, fitted omega)`` of window ``i`` (rad/s, sensor axes)."""
+        seg = self._data[i]
+        m = self._model
+        t = seg.t if t is None else np.asarray(t, float)
+        n_pad = pad_length(len(t))
+        d = np.diff(t)
+        dt = np.concatenate([d, np.full(n_pad - len(t), np.median(d))])
+        spec: Spec = m["spec"]
+        dtype = jnp.result_type(float)
+        w = simulator(spec)(
+            jnp.asarray(m["theta"][i][None], dtype), jnp.asarray(m["omega0"][i][None], dtype),
+            jnp.asarray(dt[None], dtype), jnp.asarray([m["substeps"][i]], jnp.int32),
+        )
+        return t, seg.omega, np.asarray(w[0], float)[: len(t)] + m["bias"][i]
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (non-finite numbers become ``None``)."""
+        return _clean(
+            {
+                "mode": self.mode, "options": self.options, "status": self.status, "message": self.message,
+                "rms": self.rms, "estimates": self.estimates, "uncertainties": self.uncertainties,
+                "total_uncertainties": self.total_uncertainties, "intervals": self.intervals,
+                "combined": self.combined, "segments": self.segments, "truth": self.truth,
+                "step_error": self.step_error,
+            }
+        )
+
+    def table(self, *, max_name: int = 44) -> str:
+        """A plain-text report: one row per window, then the combined or joint estimate."""
+        keys = [k for k in self.estimates if k != "misalignment_deg"][:3] or ["Ix/Iy", "Iz/Iy"]
+        lines = []
+        wc = max([7] + [len(s["comment"]) for s in self.segments])
+        wst = max([9] + [len(str(s["status"])) for s in self.segments])
+        head = f"{'#':>3} {'window':<{max_name}} {'comment':<{wc}} {'n':>4} {'k':>2} {'rms':>7} {'status':<{wst}}"
+        head += "".join(f" {k:>18}" for k in keys)
+        lines += [head, "-" * len(head)]
+        for i, s in enumerate(self.segments):
+            name = s["name"] if len(s["name"]) <= max_name else "…" + s["name"][-(max_name - 1) :]
+            rms = f"{s['rms']:>7.4f}" if s.get("rms") is not None and np.isfinite(s["rms"]) else f"{'—':>7}"
+            row = f"{i:>3} {name:<{max_name}} {s['comment']:<{wc}} {s['n']:>4} {s.get('substeps', 0):>2} {rms} {str(s['status']):<{wst}}"
+            est = s.get("estimates") or {}
+            shown = s["status"] not in (FitStatus.UNIDENTIFIABLE,)
+            row += "".join(f" {(pm(est.get(k), s['se'].get(k)) if shown and est else '—'):>18}" for k in keys)
+            lines.append(row)
+        lines.append("")
+        c = self.combined
+        for src, why in c.get("excluded", {}).items():
+            lines.append(f"NOT POOLED: {src}: {why}")
+        if not self.estimates:
+            lines.append("no estimate: " + self.message)
+        else:
+            if self.mode == "joint":
+                lines.append(f"joint estimate over {c['n']} window(s) of {len(c['sources'])} recording(s):")
+            elif c["n"] == 1:
+                lines.append("one window: its estimate (± 1-sigma, Gauss-Newton; no between-window scatter to measure):")
+            else:
+                lines.append(f"median over {c['n']} converged window(s) of {len(c['sources'])} recording(s):")
+            lines.append(f"  {'':<18} {'estimate ± statistical 1σ':>28}   95 % interval incl. between-window scatter")
+            for k, v in self.estimates.items():
+                lines.append(f"  {k:<18} {pm(v, self.uncertainties.get(k)):>28}   {_interval(self.intervals.get(k))}")
+            if c.get("method"):
+                lines.append(f"  (statistical: noise only, Gauss-Newton; interval: {c['method']})")
+        lines.append(f"residual RMS {self.rms:.4g} rad/s over the pooled windows; status: {self.status}")
+        lines.append(f"  {self.message}")
+        if self.step_error:
+            se_ = self.step_error
+            worst = max(se_["shift_se"], key=lambda k: abs(se_["shift_se"][k]), default=None)
+            ks = sorted(set(se_["substeps"]))
+            lines.append(
+                f"step error of the simulation (substeps {', '.join(map(str, ks))}): RMS {se_['rms']:.2g} rad/s; shifts the "
+                f"estimates by up to {se_['max_shift_se']:.2f} standard errors" + (f" ({worst})" if worst else "")
+            )
+        if self.truth:
+            lines.append("truth (synthetic) beside the estimate:")
+            for k, v in self.truth.items():
+                if isinstance(v, (int, float)) and k in self.estimates:
+                    e = self.uncertainties.get(k)
+                    z = f"  ({(self.estimates[k] - v) / e:+.2f} sigma)" if e and np.isfinite(e) and e > 0 else ""
+                    lines.append(f"  {k:<18} truth {v:<12.6g} estimate {self.estimates[k]:.6g}{z}")
+            if "bias" in self.truth and self.segments and "bias" in self.segments[0]:
+                lines.append(f"  {'bias (rad/s)':<18} truth {self.truth['bias']}  estimate {np.round(self.segments[0]['bias'], 5).tolist()}")
+        return "\n".join(lines)
+
+
+def finite_or_nan(v) -> float:
+    v = float(v)
+    return v if math.isfinite(v) else float("nan")

@@ -1,0 +1,376 @@
+r"""Physical-pendulum identification from gyroscope data by gradients through VI rollouts.
+
+Model: one angle ``theta`` about the pivot axis, the midpoint variational integrator
+(:mod:`rigidjax.variational`, seed 001) on :func:`rigidjax.systems.physical_pendulum` with
+unit moment about the pivot,
+
+.. math::
+
+    L = \tfrac12 \dot\theta^2 + \omega_0^2 \cos\theta, \qquad f = -c\,\dot\theta ,
+
+stepped (symmetric forcing split, second order) at the MEASURED sample times. The gyroscope
+reads ``theta_dot + bias`` about the pivot axis. Unknowns: the natural frequency
+``omega0`` (rad/s), the damping rate ``c`` (1/s), the initial angle and rate, and the gyro
+bias; fitted by Levenberg-Marquardt (optimistix) on the residuals at every sample, the
+Jacobian by forward-mode differentiation through the rollout (implicit function theorem in
+each step); standard errors from the Gauss-Newton covariance ``s^2 (J^T J)^-1``. Derived:
+the period at the fitted amplitude (complete elliptic integral) and at small amplitude
+``2 pi / omega0``; with the mass ``m`` and the pivot-to-centre-of-mass distance ``d``, the
+moment about the pivot ``I_p = m g d / omega0^2``, about the centre of mass
+``I_cm = I_p - m d^2`` and the damping coefficient ``b = c I_p`` (N m s).
+
+Checks (each window gets a :class:`rigidjax.identify.FitStatus`):
+
+* the swing axis: the gyroscope column holding most of the rate variance
+  (:func:`swing_axis`); a column that does not swing (under half of the variance, or fewer
+  than 3 zero crossings) is refused with a message naming the one that does;
+* free swing from the start: a window that begins while the body is still held or pushed
+  leaves a residual over its first period far above the rest (more than
+  :data:`NOT_FREE_RATIO` times, and above 5x the noise), or a fit that gains energy
+  (damping rate below zero by 2 standard errors): :attr:`~FitStatus.NOT_FREE`;
+* a residual above 10 % of the swing's rate RMS: :attr:`~FitStatus.POOR_FIT`.
+
+Data: ``../shared/data/racquet-flips/pendulum/x-axis`` (a tennis racquet + phone swinging
+about a dowel through the butt, about the phone x axis; mass 0.45728 kg, pivot-to-centre-of-mass
+correction ``m r^2 = 78.0 g m^2``; the study reports the period 1.436 +- 0.039 s and
+``I_p = 96.8 +- 5.4 g m^2``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optimistix as optx
+from scipy import special
+
+from ..rollout import rollout
+from ..systems import physical_pendulum
+from ..variational import VIState, vi_step
+from . import _combine
+from ._model import noise_and_signal
+from ._result import FitStatus
+
+__all__ = [
+    "PendulumFit", "fit_pendulum", "fit_pendulum_segments", "combine_pendulum", "swing_axis", "looks_like_pendulum",
+    "RACQUET_MASS", "RACQUET_PIVOT_DISTANCE",
+]
+
+#: kg, racquet 0.285 + phone 0.17228 (data README)
+RACQUET_MASS = 0.45728
+#: m, pivot to centre of mass: m r^2 = 78.0 g m^2 (data README)
+RACQUET_PIVOT_DISTANCE = math.sqrt(0.078 / RACQUET_MASS)
+#: Residual over the first period above this many times the rest's: not in free swing at the start.
+NOT_FREE_RATIO = 3.0
+_AXES = "xyz"
+
+
+@dataclasses.dataclass(frozen=True)
+class PendulumFit:
+    """Result of :func:`fit_pendulum` (SI units; ``*_se``: 1-sigma Gauss-Newton errors).
+
+    Attributes:
+        name: the window's name. axis: the gyroscope column fitted (0, 1, 2 = x, y, z).
+        status: :class:`rigidjax.identify.FitStatus`; reason: why, in words ("" if converged).
+        omega0: small-amplitude natural frequency, rad/s.
+        damping_rate: ``c`` in ``theta_ddot = -omega0^2 sin(theta) - c theta_dot``, 1/s.
+        theta0: angle at the first sample, rad; rate0: ``theta_dot`` there, rad/s.
+        bias: gyro bias, rad/s.
+        amplitude: mean swing amplitude over the window, rad (from the fitted trajectory).
+        period_small: ``2 pi / omega0``, s.
+        period: period at ``amplitude``, ``4 K(sin^2(amplitude/2)) / omega0``, s (what a stopwatch measures).
+        inertia_pivot: ``I_p = m g d / omega0^2``, kg m^2 (``nan`` without mass and distance).
+        inertia_cm: ``I_p - m d^2``, kg m^2, about the parallel axis through the centre of mass.
+        damping: ``b = c I_p``, N m s (torque ``-b theta_dot``).
+        rms: RMS residual, rad/s; noise: the gyroscope noise estimate, rad/s; n: samples.
+        model_omega: fitted gyro signal at the sample times ``(n,)``, rad/s.
+    """
+
+    name: str
+    axis: int
+    status: FitStatus
+    reason: str
+    omega0: float
+    omega0_se: float
+    damping_rate: float
+    damping_rate_se: float
+    theta0: float
+    rate0: float
+    bias: float
+    amplitude: float
+    period_small: float
+    period: float
+    period_se: float
+    inertia_pivot: float
+    inertia_pivot_se: float
+    inertia_cm: float
+    inertia_cm_se: float
+    damping: float
+    rms: float
+    noise: float
+    n: int
+    model_omega: np.ndarray
+
+    @property
+    def converged(self) -> bool:
+        return self.status == FitStatus.CONVERGED
+
+
+def swing_axis(omega) -> tuple[int, np.ndarray, np.ndarray]:
+    """``(axis, variance fraction (3,), zero crossings (3,))`` of body rates ``(n, 3)``: the
+    column holding most of the rate variance about the mean, and each column's share and
+    sign changes about its median."""
+    w = np.asarray(omega, float)
+    x = w - np.median(w, axis=0)
+    var = np.mean((w - w.mean(0)) ** 2, axis=0)
+    frac = var / max(var.sum(), 1e-300)
+    cross = np.sum(np.signbit(x[1:]) != np.signbit(x[:-1]), axis=0)
+    return int(np.argmax(var)), frac, cross
+
+
+def looks_like_pendulum(omega) -> int | None:
+    """The swing axis if body rates ``(n, 3)`` look like a pendulum's (one axis holds at least
+    95 % of the rate variance and its rate changes sign at least 4 times: an oscillation about
+    a fixed axis, not a free flight), else ``None``."""
+    axis, frac, cross = swing_axis(omega)
+    return axis if frac[axis] >= 0.95 and cross[axis] >= 4 else None
+
+
+def _model(params, t, dtype):
+    """Gyro signal (n,) of the VI pendulum with ``params = (log omega0, c, theta0, rate0, bias)``."""
+    log_w0, c, th0, w0, bias = params
+    system = physical_pendulum(jnp.ones((), dtype), jnp.exp(2 * log_w0), jnp.ones((), dtype), gravity=jnp.ones((), dtype), damping=c)
+    state0 = VIState(time=t[0], q=th0[None], p=w0[None], lam=jnp.zeros((0,), dtype), qdot=w0[None])
+    # symmetric forcing split: second order with damping (trep's left split biases omega0 by ~c dt/4)
+    traj = rollout(functools.partial(vi_step, forcing_split="symmetric"), system, state0, jnp.diff(t))
+    # p_k = D2 L_d + f_d^+ is theta_dot at the node to O(dt^2) (unit inertia)
+    return traj.states.p[:, 0] + bias, traj
+
+
+def _residuals(params, args):
+    t, w, mask = args
+    return (_model(params, t, t.dtype)[0] - w) * mask
+
+
+_model_jit = jax.jit(lambda p, t: _model(p, t, t.dtype))
+_jacobian_jit = jax.jit(jax.jacfwd(_residuals))
+
+
+def _initial_guess(t, w):
+    """Bias, frequency (from zero crossings), angle by integrating the rate, rate at t0."""
+    bias = float(np.mean(w))
+    x = w - bias
+    s = np.signbit(x)
+    idx = np.nonzero(s[1:] != s[:-1])[0]
+    tc = t[idx] + (t[idx + 1] - t[idx]) * x[idx] / (x[idx] - x[idx + 1])
+    if len(tc) < 3:
+        raise ValueError("fit_pendulum: fewer than 3 zero crossings of the rate: not a swinging pendulum window")
+    half = float(np.median(np.diff(tc)))
+    omega0 = math.pi / half
+    theta = np.concatenate([[0.0], np.cumsum(0.5 * (x[1:] + x[:-1]) * np.diff(t))])
+    theta0 = -float(np.mean(theta))
+    return np.array([math.log(omega0), 0.0, theta0, float(x[0]), bias])
+
+
+def _column(omega, axis, name):
+    w = np.asarray(omega, float)
+    if w.ndim == 1:
+        return w, 0 if axis is None else int(axis)
+    if w.ndim != 2 or w.shape[1] != 3:
+        raise ValueError(f"fit_pendulum: omega must be (n,) or (n, 3); got {w.shape}")
+    best, frac, cross = swing_axis(w)
+    if axis is None:
+        axis = best
+    if axis not in (0, 1, 2):
+        raise ValueError(f"fit_pendulum: axis must be 0, 1 or 2 (x, y, z); got {axis!r}")
+    if frac[axis] < 0.5 or cross[axis] < 3:
+        where = f"{name}: " if name else ""
+        raise ValueError(
+            f"fit_pendulum: {where}gyroscope axis {_AXES[axis]} does not swing (it holds {100 * frac[axis]:.1f} % of "
+            f"the rate variance and crosses zero {int(cross[axis])} times); the swing is about axis {_AXES[best]} "
+            f"({100 * frac[best]:.1f} %, {int(cross[best])} crossings): pass axis={best} or leave axis=None"
+        )
+    return w[:, axis], axis
+
+
+def fit_pendulum(
+    t,
+    omega,
+    *,
+    axis: int | None = None,
+    mass: float | None = None,
+    distance: float | None = None,
+    gravity: float = 9.81,
+    max_steps: int = 100,
+    pad_to: int | None = None,
+    name: str = "",
+) -> PendulumFit:
+    r"""Identify ``omega0``, damping, initial state and gyro bias of a swinging physical pendulum.
+
+    Args:
+        t: sample times (n,), s, strictly increasing (non-uniform allowed: the VI steps at them).
+        omega: gyro rates (n,) about the pivot axis, or (n, 3) body rates, rad/s.
+        axis: column of an (n, 3) ``omega`` that is the pivot axis; ``None`` (default): the
+            column that swings (:func:`swing_axis`). A column that does not swing raises.
+        mass: kg, and distance: pivot to centre of mass, m; both needed for the moments
+            (``inertia_pivot``, ``inertia_cm``, ``damping``; ``nan`` otherwise).
+        gravity: m/s^2.
+        max_steps: Levenberg-Marquardt iteration cap.
+        pad_to: pad the window to this many samples (masked residuals, so the fit is
+            unchanged) so that windows of different lengths share one compilation.
+        name: label carried into the result.
+
+    Returns:
+        :class:`PendulumFit`.
+
+    Raises:
+        ValueError: shapes, NaN, non-increasing ``t``, fewer than 10 samples, a column that
+            does not swing, fewer than 3 zero crossings.
+    """
+    t = np.asarray(t, float)
+    w, axis = _column(omega, axis, name)
+    if t.ndim != 1 or w.shape != t.shape:
+        raise ValueError(f"fit_pendulum: t must be (n,) and omega (n,) or (n, 3); got {t.shape} and {np.shape(omega)}")
+    if t.size < 10 or not (np.all(np.isfinite(t)) and np.all(np.isfinite(w))):
+        raise ValueError("fit_pendulum: need >= 10 finite samples")
+    if np.any(np.diff(t) <= 0):
+        raise ValueError("fit_pendulum: t must be strictly increasing")
+    for label, v in (("mass", mass), ("distance", distance)):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise ValueError(f"fit_pendulum: {label} must be a positive number; got {v!r}")
+    p0 = _initial_guess(t, w)
+    n = t.size
+    n_pad = max(n, int(pad_to or n))
+    # the rollout starts at t[0]; time relative to it keeps float round-off small
+    step = float(np.median(np.diff(t)))
+    tp = np.concatenate([t - t[0], (t[-1] - t[0]) + step * np.arange(1, n_pad - n + 1)])
+    wp = np.concatenate([w, np.zeros(n_pad - n)])
+    mask = np.concatenate([np.ones(n), np.zeros(n_pad - n)])
+    args = (jnp.asarray(tp), jnp.asarray(wp), jnp.asarray(mask))
+    solver = optx.LevenbergMarquardt(rtol=1e-10, atol=1e-10)
+    sol = optx.least_squares(_residuals, solver, jnp.asarray(p0), args, max_steps=max_steps, throw=False)
+    params = sol.value
+    model, traj = _model_jit(params, args[0])
+    model = np.asarray(model)[:n]
+    log_w0, c, th0, rate0, bias = (float(v) for v in params)
+    omega0 = math.exp(log_w0)
+    theta = np.asarray(traj.states.q[:n, 0])
+    rate = np.asarray(traj.states.p[:n, 0])
+    # energy amplitude: 1 - cos(A) = (1 - cos(theta)) + rate^2 / (2 omega0^2), averaged over the window
+    cosA = np.cos(theta) - rate**2 / (2 * omega0**2)
+    amplitude = float(np.mean(np.arccos(np.clip(cosA, -1, 1))))
+    period_small = 2 * math.pi / omega0
+    period = float(4 * special.ellipk(math.sin(amplitude / 2) ** 2) / omega0)
+    res = model - w
+    rss = float(res @ res)
+    J = np.asarray(_jacobian_jit(params, args))[:n]
+    A = J.T @ J
+    s2 = rss / max(n - 5, 1)
+    try:
+        cov = s2 * np.linalg.inv(A)
+    except np.linalg.LinAlgError:
+        cov = np.full((5, 5), np.inf)
+    se = np.sqrt(np.maximum(np.diag(cov), 0.0))
+    omega0_se = omega0 * se[0]  # d omega0 = omega0 d log omega0
+    period_se = period * se[0]  # the period scales as 1/omega0 (the amplitude's share is far smaller)
+    if mass is not None and distance is not None:
+        I_p = mass * gravity * distance / omega0**2
+        I_p_se = 2 * I_p * se[0]
+        I_cm = I_p - mass * distance**2
+        damping = c * I_p
+    else:
+        I_p = I_p_se = I_cm = damping = float("nan")
+    noise, _ = noise_and_signal(w)
+    swing_rms = float(np.sqrt(np.mean((w - w.mean()) ** 2)))
+    rms = float(np.sqrt(rss / n))
+    status, reason = FitStatus.CONVERGED, ""
+    if sol.result != optx.RESULTS.successful:
+        status, reason = FitStatus.MAX_STEPS, f"Levenberg-Marquardt did not converge within {max_steps} steps"
+    period_len = int(np.searchsorted(t, t[0] + period))
+    first, rest = res[:period_len], res[period_len:]
+    rms_first = float(np.sqrt(np.mean(first**2))) if first.size else 0.0
+    rms_rest = float(np.sqrt(np.mean(rest**2))) if rest.size else 0.0
+    if status == FitStatus.CONVERGED and rest.size >= period_len and rms_first > NOT_FREE_RATIO * max(rms_rest, 1e-300) and rms_first > 5 * noise:
+        status = FitStatus.NOT_FREE
+        reason = (
+            f"not in free swing at its start (held or pushed?): residual {rms_first:.3g} rad/s over the first period "
+            f"against {rms_rest:.3g} afterwards"
+        )
+    elif status == FitStatus.CONVERGED and c < -2 * se[1]:
+        status = FitStatus.NOT_FREE
+        reason = (
+            f"the swing gains energy (damping rate {c:.3g} ± {se[1]:.2g} 1/s): held, pushed or driven during the window, "
+            "not a free swing"
+        )
+    elif status == FitStatus.CONVERGED and rms > 0.1 * swing_rms:
+        status = FitStatus.POOR_FIT
+        reason = f"residual {rms:.3g} rad/s above 10 % of the swing's rate ({swing_rms:.3g} rad/s RMS)"
+    return PendulumFit(
+        name=name, axis=axis, status=status, reason=reason, omega0=omega0, omega0_se=float(omega0_se),
+        damping_rate=c, damping_rate_se=float(se[1]), theta0=th0, rate0=rate0, bias=bias, amplitude=amplitude,
+        period_small=period_small, period=period, period_se=float(period_se), inertia_pivot=float(I_p),
+        inertia_pivot_se=float(I_p_se), inertia_cm=float(I_cm), inertia_cm_se=float(I_p_se), damping=float(damping),
+        rms=rms, noise=float(noise), n=int(n), model_omega=model,
+    )
+
+
+def fit_pendulum_segments(segments, **kwargs) -> list[PendulumFit]:
+    """:func:`fit_pendulum` on each :class:`rigidjax.io.Segment` (``.t``, ``.omega``, ``.name``).
+
+    Windows are padded to the longest one (rounded up to 50 samples) so one compilation serves
+    all. A window that does not swing at all (fewer than 3 zero crossings) gets the status
+    ``UNIDENTIFIABLE`` instead of raising; an explicit ``axis`` that does not swing raises.
+    """
+    segments = list(segments)
+    if not segments:
+        return []
+    longest = max(len(s.t) for s in segments)
+    kwargs.setdefault("pad_to", 50 * ((longest + 49) // 50))
+    out = []
+    for s in segments:
+        name = getattr(s, "name", "")
+        try:
+            out.append(fit_pendulum(s.t, s.omega, name=name, **kwargs))
+        except ValueError as e:
+            if kwargs.get("axis") is not None or "zero crossings" not in str(e) and "does not swing" not in str(e):
+                raise
+            nan = float("nan")
+            out.append(PendulumFit(
+                name=name, axis=-1, status=FitStatus.UNIDENTIFIABLE, reason=str(e).replace("fit_pendulum: ", ""),
+                omega0=nan, omega0_se=nan, damping_rate=nan, damping_rate_se=nan, theta0=nan, rate0=nan, bias=nan,
+                amplitude=nan, period_small=nan, period=nan, period_se=nan, inertia_pivot=nan, inertia_pivot_se=nan,
+                inertia_cm=nan, inertia_cm_se=nan, damping=nan, rms=nan, noise=nan, n=len(s.t),
+                model_omega=np.full(len(s.t), nan),
+            ))
+    return out
+
+
+#: Quantities :func:`combine_pendulum` combines, with their standard-error attribute.
+COMBINED = (
+    ("period", "period_se"), ("omega0", "omega0_se"), ("damping_rate", "damping_rate_se"),
+    ("inertia_pivot", "inertia_pivot_se"), ("inertia_cm", "inertia_cm_se"),
+)
+
+
+def combine_pendulum(fits: list[PendulumFit]) -> dict:
+    """Median over the converged windows of each quantity, its statistical 1-sigma (noise
+    only) and the distribution-free 95 % interval of the median (covering the scatter
+    between windows, see :mod:`rigidjax.identify._combine`). ``{}`` without a converged window."""
+    good = [f for f in fits if f.status == FitStatus.CONVERGED]
+    out = {}
+    if not good:
+        return out
+    for name, se_name in COMBINED:
+        v = np.array([getattr(f, name) for f in good])
+        if not np.all(np.isfinite(v)):
+            continue
+        lo, hi, cov = _combine.median_interval(v)
+        out[name] = {
+            "median": float(np.median(v)), "se_stat": _combine.median_se_stat([getattr(f, se_name) for f in good]),
+            "interval": (lo, hi) if len(v) > 1 else (float("nan"), float("nan")), "coverage": cov, "n": int(v.size),
+        }
+    return out

@@ -1,0 +1,128 @@
+"""The identification's numerical core against independent references, no simulation involved:
+the bounded Levenberg-Marquardt against SciPy's bounded least squares (``lsq_linear`` for a
+linear problem, ``least_squares(method="trf")`` for a nonlinear one, both at tight
+tolerances), the order-statistic interval of the median against the binomial distribution,
+the random-effects error against a Monte Carlo of its model, and the consistency check on
+recordings of two bodies."""
+
+import numpy as np
+import pytest
+from scipy import optimize, stats
+
+from rigidjax.identify import _combine, _lm
+
+
+def _linear_problem(M, y):
+    """``evaluate`` of ``1/2 |M x - y|^2`` for a batch (one problem per row)."""
+
+    def evaluate(x, rows):
+        r = np.einsum("ij,aj->ai", M, x) - y
+        A = np.broadcast_to(M.T @ M, (x.shape[0],) + (M.shape[1],) * 2).copy()
+        g = np.einsum("ji,aj->ai", M, r)
+        return 0.5 * np.sum(r * r, 1), A, g, np.ones(x.shape[0], bool), np.zeros((x.shape[0], 1))
+
+    return evaluate
+
+
+def test_bounded_lm_matches_scipy_lsq_linear():
+    rng = np.random.default_rng(0)
+    M = rng.normal(size=(30, 4))
+    y = M @ np.array([1.5, -0.7, 0.3, 2.0]) + 0.1 * rng.normal(size=30)
+    lo = np.array([0.0, 0.0, -np.inf, -1.0])  # x1 >= 0 is active at the solution (truth -0.7)
+    hi = np.array([1.0, np.inf, np.inf, 1.5])  # x0 <= 1 and x3 <= 1.5 active too
+    ref = optimize.lsq_linear(M, y, bounds=(lo, hi), tol=1e-14, method="bvls").x
+    x0 = np.array([[0.5, 1.0, 0.0, 0.0], [0.0, 5.0, -3.0, -1.0]])
+    st = _lm.solve(_linear_problem(M, y), x0, np.arange(2), np.tile(lo, (2, 1)), np.tile(hi, (2, 1)), eps=2.2e-16, max_steps=100)
+    assert np.all(st["status"] == _lm.LMStatus.CONVERGED)
+    # the solution's active bounds are hit exactly (projection), the free part to round-off
+    np.testing.assert_allclose(st["x"], np.tile(ref, (2, 1)), atol=1e-10)
+    assert np.all(st["x"][:, 0] == 1.0) and np.all(st["x"][:, 1] == 0.0) and np.all(st["x"][:, 3] == 1.5)
+    # and the decrement of the projected gradient is what says so
+    assert np.all(st["opt"] < 1e-10)
+
+
+def test_bounded_lm_matches_scipy_trf_on_a_nonlinear_problem():
+    """Exponential decay ``a exp(-k t) + c`` with ``k`` bounded above below its free optimum."""
+    t = np.linspace(0, 4, 40)
+    rng = np.random.default_rng(1)
+    y = 2.0 * np.exp(-1.3 * t) + 0.5 + 0.01 * rng.normal(size=t.size)
+
+    def resid(p):
+        return p[0] * np.exp(-p[1] * t) + p[2] - y
+
+    def jac(p):
+        e = np.exp(-p[1] * t)
+        return np.stack([e, -p[0] * t * e, np.ones_like(t)], 1)
+
+    def evaluate(x, rows):
+        out = [(0.5 * resid(p) @ resid(p), jac(p).T @ jac(p), jac(p).T @ resid(p)) for p in x]
+        return (np.array([o[0] for o in out]), np.array([o[1] for o in out]), np.array([o[2] for o in out]),
+                np.ones(len(x), bool), np.zeros((len(x), 1)))
+
+    lo, hi = np.array([0.0, 0.0, -np.inf]), np.array([np.inf, 1.0, np.inf])
+    ref = optimize.least_squares(resid, [1.0, 0.5, 0.0], jac=jac, bounds=(lo, hi), method="trf", xtol=1e-15, ftol=1e-15, gtol=1e-15).x
+    st = _lm.solve(evaluate, np.array([[1.0, 0.5, 0.0]]), np.arange(1), lo[None], hi[None], eps=2.2e-16, max_steps=200)
+    assert st["status"][0] == _lm.LMStatus.CONVERGED
+    assert st["x"][0, 1] == 1.0  # the rate sits exactly on its bound
+    # SciPy's trf approaches a bound from the inside (its iterates stay strictly feasible)
+    np.testing.assert_allclose(st["x"][0], ref, rtol=1e-6)
+    # a flat direction: x2 duplicated in a redundant column leaves A singular; still converges
+    assert _lm.decrement(st["A"], st["g"], st["cost"], st["x"], lo[None], hi[None], st["floor"])[0] < 1e-10
+
+
+def test_lm_reports_max_steps_honestly():
+    M = np.array([[1.0, 0.0], [0.0, 1e-3], [1.0, 1.0]])
+    y = np.array([1.0, 2.0, 3.0])
+    st = _lm.solve(_linear_problem(M, y), np.zeros((1, 2)), np.arange(1), np.full((1, 2), -np.inf), np.full((1, 2), np.inf), eps=2.2e-16, max_steps=1)
+    assert st["status"][0] in (_lm.LMStatus.MAX_STEPS, _lm.LMStatus.CONVERGED)
+    if st["status"][0] == _lm.LMStatus.MAX_STEPS:
+        assert st["opt"][0] > _lm.opt_tol(2.2e-16)
+
+
+@pytest.mark.parametrize("n", [5, 6, 9, 10, 17, 40])
+def test_median_interval_coverage_is_the_binomial_one(n):
+    x = np.arange(n, dtype=float)
+    lo, hi, cov = _combine.median_interval(x)
+    j = int(lo) + 1  # lo = x_(j)
+    assert hi == x[n - j]
+    assert cov == pytest.approx(1 - 2 * stats.binom.cdf(j - 1, n, 0.5))
+    if n >= 6:
+        assert cov >= 0.95
+        # the next narrower interval would fall below 95 %
+        assert 1 - 2 * stats.binom.cdf(j, n, 0.5) < 0.95
+    # empirical: for iid normal samples the interval covers the median at (at least) its coverage
+    rng = np.random.default_rng(n)
+    hits = np.mean([(lambda a: a[0] <= 0 <= a[1])(_combine.median_interval(rng.normal(size=n))) for _ in range(3000)])
+    assert hits == pytest.approx(cov, abs=0.02)
+
+
+def test_random_effects_error_of_a_weighted_combination():
+    """Windows with errors ``se`` and a per-window effect of spread ``tau``: the information-
+    weighted mean's spread over many draws (Monte Carlo, the independent truth) against
+    :func:`random_effects_se` evaluated on each draw (median over draws, 10 % tolerance for
+    the estimate's own noise with 40 windows)."""
+    rng = np.random.default_rng(5)
+    se = np.concatenate([np.full(4, 0.01), np.full(36, 0.2)])  # a few precise windows dominate
+    tau = 0.3
+    w = 1 / se**2
+    draws, preds = [], []
+    for _ in range(2000):
+        est = tau * rng.normal(size=se.size) + se * rng.normal(size=se.size)
+        draws.append(np.sum(w * est) / np.sum(w))
+        preds.append(_combine.random_effects_se(est, se))
+    assert np.median(preds) == pytest.approx(np.std(draws), rel=0.1)
+    # the noise-only error of the same combination is ~30x smaller: what a joint fit reports
+    assert 1 / np.sqrt(np.sum(w)) < np.std(draws) / 20
+
+
+def test_consistency_names_the_other_body():
+    rng = np.random.default_rng(4)
+    racquet = {f"rec{i}": np.exp(np.log([13.5, 14.5]) + 0.08 * rng.normal(size=(12, 2))) for i in range(3)}
+    phone = {"phone": np.exp(np.log([3.7, 4.6]) + 0.05 * rng.normal(size=(6, 2)))}
+    main, excluded, summaries = _combine.consistency({**racquet, **phone}, ["Ix/Iy", "Iz/Iy"])
+    assert sorted(main) == ["rec0", "rec1", "rec2"] and list(excluded) == ["phone"]
+    assert "Ix/Iy 3." in excluded["phone"] and summaries["phone"]["Ix/Iy"]["n"] == 6
+    # the same body at a 6 % offset (another throw style): agrees, pooled
+    shifted = {"rec3": racquet["rec0"] * 1.06}
+    main, excluded, _ = _combine.consistency({**racquet, **shifted}, ["Ix/Iy", "Iz/Iy"])
+    assert len(main) == 4 and not excluded
