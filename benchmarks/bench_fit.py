@@ -1,31 +1,42 @@
-"""Benchmark: fit every kept flip of the shared racquet recordings, rigidjax vs a SciPy baseline.
+"""Benchmark: fit the shared racquet flips; rigidjax against a SciPy baseline, CPU and accuracy.
 
-    python -m benchmarks.bench_fit [--data DIR] [--baseline-segments N] [--starts K] [--quick]
+    python -m benchmarks.bench_fit [--data DIR] [--baseline-segments N] [--starts K]
+                                   [--commands] [--search N] [--quick]
 
-``--quick`` fits 12 evenly spaced flips and 2 baseline segments.
+Rows:
 
-Both fit, per segment, the same model (principal moments along the phone axes, up to scale,
-plus the initial angular velocity) to the measured body rates at the measured timestamps:
+* ``rigidjax per-window``: :func:`rigidjax.identify.fit_inertia` on every kept flip
+  (principal moments along the phone axes, per window, the default), timed cold (first call,
+  JAX compilation included) and warm (second call): wall clock and CPU (user + system of the
+  process, both cores).
+* ``rigidjax joint``: one inertia for the pooled windows (the recordings it refuses to pool
+  are named in its status).
+* ``scipy least_squares + solve_ivp``: the straightforward approach, per window,
+  ``scipy.optimize.least_squares`` (trust-region reflective, finite-difference Jacobian)
+  around ``scipy.integrate.solve_ivp`` (RK45, rtol 1e-6, atol 1e-8) of Euler's equations,
+  from the same equation-error start, on ``N`` evenly spaced windows, extrapolated to all.
+  The CPU ratio is the headline (target: rigidjax >= 30x less CPU).
+* ``--commands``: ``rigidjax fit PATH --quiet`` as a subprocess on all flips and on each
+  round (what a user runs: import, compilation and fit), CPU of the child.
+* ``--search N``: :func:`rigidjax.identify.multistart_check` with ``N`` random starts per
+  window: the largest relative cost excess of the reported minimum over the best start
+  (should be <= 0.5 %).
 
-* rigidjax: :func:`rigidjax.identify.fit_inertia` (Levenberg-Marquardt, forward-mode
-  Jacobians through rollouts of the seed's midpoint step, all segments and starts vmapped);
-  timed cold (first call: includes JAX compilation) and warm (second call).
-* baseline: the straightforward approach, ``scipy.optimize.least_squares`` (trust-region
-  reflective, finite-difference Jacobian) around ``scipy.integrate.solve_ivp`` (RK45,
-  rtol 1e-6, atol 1e-8) of Euler's equations, one segment after another, from the same equation-error
-  starting point rigidjax uses (so both solve the same problems from the same place).
-
-Prints a table and writes ``benchmarks/results/bench_fit.json`` (the folder is created).
-The shared data are not redistributed: the script reads them from ``../shared/data`` beside
-the clone (or ``--data`` / ``RIGIDJAX_SHARED_DATA``) and exits with a message if absent.
+``--quick`` fits 12 evenly spaced flips and 2 baseline windows. Prints a table and writes
+``benchmarks/results/bench_fit.json``. The shared data are not redistributed: read from
+``../shared/data`` beside the clone (or ``--data`` / ``RIGIDJAX_SHARED_DATA``); the script
+exits with a message if absent.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
+import resource
+import subprocess
 import sys
 import time
 import warnings
@@ -41,8 +52,13 @@ def _default_data() -> Path:
     return shared / "racquet-flips" / "flips"
 
 
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def scipy_fit(seg, start):
-    """One segment with least_squares + solve_ivp; returns (Ix/Iy, Iz/Iy, rms, nfev, success)."""
+    """One window with least_squares + solve_ivp; returns (Ix/Iy, Iz/Iy, rms, nfev, success)."""
     from scipy.integrate import solve_ivp
     from scipy.optimize import least_squares
 
@@ -67,23 +83,36 @@ def scipy_fit(seg, start):
     return float(res.x[0]), float(res.x[1]), rms, int(res.nfev), bool(res.success)
 
 
+def _command(path: Path) -> dict:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "rigidjax", "fit", str(path), "--quiet"], capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    status = next((ln.split("status:")[1].strip() for ln in p.stdout.splitlines() if "status:" in ln), "?")
+    return {"path": str(path), "wall_s": wall, "cpu_s": cpu, "exit": p.returncode, "status": status}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=None, help="folder of phyphox exports (default: the shared racquet flips)")
     ap.add_argument(
         "--baseline-segments", type=int, default=8,
-        help="fit N evenly spaced segments with SciPy and extrapolate to all (default 8; 0 = all)",
+        help="fit N evenly spaced windows with SciPy and extrapolate to all (default 8; 0 = all)",
     )
     ap.add_argument("--starts", type=int, default=4)
-    ap.add_argument("--quick", action="store_true", help="12 evenly spaced flips, 2 baseline segments")
+    ap.add_argument("--commands", action="store_true", help="also time `rigidjax fit` on all flips and on each round")
+    ap.add_argument("--search", type=int, default=0, metavar="N", help="dense multi-start check with N starts per window")
+    ap.add_argument("--quick", action="store_true", help="12 evenly spaced flips, 2 baseline windows")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_fit.json"))
     args = ap.parse_args(argv)
 
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    from rigidjax.identify import _Spec, _equation_error_guess, fit_inertia
-    from rigidjax.midpoint import midpoint_step
+    from rigidjax.identify import fit_inertia, multistart_check
+    from rigidjax.identify._model import Spec, equation_error_guess
     from rigidjax.io import load_phyphox
 
     data = Path(args.data) if args.data else _default_data()
@@ -97,87 +126,102 @@ def main(argv=None) -> int:
         segs = segs[:: max(1, len(segs) // 12)][:12]
         args.baseline_segments = 2
     n_samples = sum(s.n for s in segs)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU(s)"
     print(f"{len(segs)} kept flips, {n_samples} samples, from {data}")
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU(s) visible, jax {jax.__version__} ({jax.default_backend()})")
+    print(f"{stamp}; {machine}; jax {jax.__version__} ({jax.default_backend()}); load average {os.getloadavg()[0]:.2f}")
 
     rows = {}
-    # the joint fit shares one body: rounds 2-3 only (round 1's tosses imply another body)
-    racquet = [s for s in segs if "round1" not in s.source] or segs
-    for label, kw, ss in (("per-segment", dict(joint=False), segs), ("joint (rounds 2-3)", dict(joint=True), racquet)):
-        t0 = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fit = fit_inertia(ss, starts=args.starts, **kw)
-        cold = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fit = fit_inertia(ss, starts=args.starts, **kw)
-        warm = time.perf_counter() - t0
+    for label, kw in (("per-window", dict(joint=False)), ("joint", dict(joint=True))):
+        times = []
+        for _ in range(2):
+            t0, c0 = time.perf_counter(), _cpu()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fit = fit_inertia(segs, starts=args.starts, **kw)
+            times.append((time.perf_counter() - t0, _cpu() - c0))
         rows[f"rigidjax {label}"] = {
-            "cold_s": cold, "warm_s": warm, "Ix/Iy": fit.estimates["Ix/Iy"], "Iz/Iy": fit.estimates["Iz/Iy"],
-            "rms": fit.rms, "status": fit.status, "segments": len(ss),
-            "converged": sum(s["status"] == "converged" for s in fit.segments) if label == "per-segment" else None,
+            "cold_s": times[0][0], "warm_s": times[1][0], "cold_cpu_s": times[0][1], "warm_cpu_s": times[1][1],
+            "Ix/Iy": fit.estimates.get("Ix/Iy"), "Iz/Iy": fit.estimates.get("Iz/Iy"),
+            "interval_Ix/Iy": fit.intervals.get("Ix/Iy"), "rms": fit.rms, "status": fit.status.value,
+            "message": fit.message, "windows": len(segs), "pooled": fit.combined.get("n"),
         }
-        if label == "per-segment":
+        if label == "per-window":
             ours = fit
 
     n_base = len(segs) if args.baseline_segments <= 0 else min(args.baseline_segments, len(segs))
     pick = np.unique(np.linspace(0, len(segs) - 1, n_base).round().astype(int))  # spread over recordings
     n_base = pick.size
-    spec = _Spec(False, None, False, 1, midpoint_step)
+    spec = Spec(False, None, False)
     base = []
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     for s in (segs[i] for i in pick):
-        moments, _, _ = _equation_error_guess([s], spec)
-        moments = np.maximum(moments, 1e-3 * moments.sum())
+        th = equation_error_guess([s], spec)
+        moments = np.maximum(th[:3], 1e-3 * np.sum(np.abs(th[:3])))
         base.append(scipy_fit(s, np.array([moments[0], moments[2]]) / moments[1]))
-    t_base = time.perf_counter() - t0
+    t_base, c_base = time.perf_counter() - t0, _cpu() - c0
     base = np.array(base)
     ok = base[:, 4].astype(bool)
-    ours_sub = np.array([[ours.segments[i]["estimates"]["Ix/Iy"], ours.segments[i]["estimates"]["Iz/Iy"], ours.segments[i]["rms"]] for i in pick])
+    ours_sub = np.array([[ours.segments[i]["estimates"].get("Ix/Iy", np.nan), ours.segments[i]["rms"] or np.nan] for i in pick])
+    scale = len(segs) / n_base
     rows["scipy least_squares + solve_ivp"] = {
-        "cold_s": t_base, "warm_s": t_base, "segments": n_base,
-        "Ix/Iy": float(np.median(base[ok, 0])) if ok.any() else None,
-        "Iz/Iy": float(np.median(base[ok, 1])) if ok.any() else None,
+        "cold_s": t_base * scale, "warm_s": t_base * scale, "cold_cpu_s": c_base * scale, "warm_cpu_s": c_base * scale,
+        "windows": n_base, "extrapolated_to": len(segs),
+        "Ix/Iy": float(np.median(base[ok, 0])) if ok.any() else None, "Iz/Iy": float(np.median(base[ok, 1])) if ok.any() else None,
         "rms": float(np.sqrt(np.mean(base[:, 2] ** 2))), "status": f"{int(ok.sum())} of {n_base} succeeded",
-        "rigidjax_rms_same_segments": float(np.sqrt(np.mean(ours_sub[:, 2] ** 2))),
-        "nfev_median": float(np.median(base[:, 3])),
+        "rigidjax_rms_same_windows": float(np.sqrt(np.nanmean(ours_sub[:, 1] ** 2))),
+        "scipy_rms_over_rigidjax_same_windows": [float(b / a) for a, b in zip(ours_sub[:, 1], base[:, 2])],
     }
-    ours_time = rows["rigidjax per-segment"]
-    # per-segment comparison of the two fits on the same segments (same problems, same start)
-    agree = np.abs(ours_sub[:, 0] - base[:, 0]) / base[:, 0]
-    base_per_seg = t_base / n_base
-    est_all = base_per_seg * len(segs)
+    pw = rows["rigidjax per-window"]
     summary = {
-        "segments": len(segs),
-        "samples": n_samples,
-        "baseline_segments": n_base,
-        "baseline_s_all_extrapolated": est_all,
-        "speedup_warm": est_all / ours_time["warm_s"],
-        "speedup_cold": est_all / ours_time["cold_s"],
-        "median_rel_diff_Ix_over_Iy": float(np.median(agree)),
-        "segments_within_1pct": int(np.sum(agree < 0.01)),
+        "windows": len(segs), "samples": n_samples, "baseline_windows": n_base,
+        "cpu_ratio_cold": rows["scipy least_squares + solve_ivp"]["cold_cpu_s"] / pw["cold_cpu_s"],
+        "cpu_ratio_warm": rows["scipy least_squares + solve_ivp"]["cold_cpu_s"] / pw["warm_cpu_s"],
+        # SciPy's fit of the same window from the same start, against rigidjax's minimum
+        "scipy_cost_excess_median": float(np.median(np.array(rows["scipy least_squares + solve_ivp"]["scipy_rms_over_rigidjax_same_windows"]) ** 2 - 1)),
     }
     print()
-    print(f"{'method':<34} {'time (s)':>18} {'median Ix/Iy':>13} {'median Iz/Iy':>13} {'RMS rad/s':>10}  status")
+    print(f"{'method':<34} {'wall (s) cold/warm':>19} {'CPU (s) cold/warm':>19} {'Ix/Iy':>8} {'Iz/Iy':>8} {'RMS':>7}  status")
     for k, r in rows.items():
-        tt = f"{r['cold_s']:.1f}" if k.startswith("scipy") else f"{r['cold_s']:.1f} / {r['warm_s']:.1f}"
-        print(f"{k:<34} {tt:>18} {r['Ix/Iy'] or float('nan'):>13.3f} {r['Iz/Iy'] or float('nan'):>13.3f} {r['rms']:>10.4f}  {r['status']}")
-    print("(rigidjax: cold = first call incl. JAX compilation / warm = second call)")
+        w = f"{r['cold_s']:.1f} / {r['warm_s']:.1f}"
+        c = f"{r['cold_cpu_s']:.1f} / {r['warm_cpu_s']:.1f}"
+        ix = f"{r['Ix/Iy']:.3f}" if r.get("Ix/Iy") else "—"
+        iz = f"{r['Iz/Iy']:.3f}" if r.get("Iz/Iy") else "—"
+        print(f"{k:<34} {w:>19} {c:>19} {ix:>8} {iz:>8} {r['rms']:>7.4f}  {r['status']}")
     print(
-        f"\nSciPy baseline: {t_base:.1f} s for {n_base} segment(s) ({base_per_seg:.2f} s each; "
-        f"{est_all:.0f} s for all {len(segs)}). Speed-up: {summary['speedup_warm']:.0f}x warm, "
-        f"{summary['speedup_cold']:.0f}x cold. Same segments: median |ΔIx/Iy| / Ix/Iy = "
-        f"{summary['median_rel_diff_Ix_over_Iy']:.2g}, {summary['segments_within_1pct']} of {n_base} within 1 %."
+        f"(SciPy: {n_base} windows timed, extrapolated to {len(segs)}.) CPU: rigidjax needs "
+        f"{summary['cpu_ratio_cold']:.0f}x less than SciPy cold (compilation included), {summary['cpu_ratio_warm']:.0f}x warm. "
+        f"On the same windows from the same start SciPy's minimum costs {100 * summary['scipy_cost_excess_median']:+.2f} % "
+        "(median) against rigidjax's."
     )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(
-        {"rows": rows, "summary": summary, "data": str(data), "jax": jax.__version__,
-         "quick": args.quick}, indent=2,
-    ))
-    print(f"wrote {out}")
+    out = {"rows": rows, "summary": summary, "data": str(data), "jax": jax.__version__, "quick": args.quick,
+           "when": stamp, "machine": machine}
+    if args.commands:
+        paths = [data] + sorted(p for p in data.iterdir() if p.is_dir())
+        cmds = [_command(p) for p in paths]
+        print("\n`rigidjax fit PATH --quiet` (subprocess: import, compilation, fit):")
+        print(f"{'path':<40} {'wall (s)':>9} {'CPU (s)':>8} {'exit':>5}  status")
+        for c_ in cmds:
+            print(f"{Path(c_['path']).name:<40} {c_['wall_s']:>9.1f} {c_['cpu_s']:>8.1f} {c_['exit']:>5}  {c_['status']}")
+        out["commands"] = cmds
+    if args.search:
+        t0 = time.perf_counter()
+        res = multistart_check(ours, starts=args.search)
+        worst = max(res, key=lambda r: r["excess"])
+        out["search"] = {
+            "starts_per_window": res[0]["n_starts"], "windows": len(res), "max_excess": worst["excess"],
+            "worst": worst, "within_0.5%": int(sum(r["excess"] <= 0.005 for r in res)),
+            "min_hits": int(min(r["hits"] for r in res)), "seconds": time.perf_counter() - t0,
+        }
+        print(
+            f"\ndense multi-start ({res[0]['n_starts']} starts per window, {out['search']['seconds']:.0f} s): "
+            f"{out['search']['within_0.5%']} of {len(res)} windows at the best cost found (0.5 %); largest excess "
+            f"{100 * worst['excess']:.2g} % ({worst['name']}); fewest starts reaching the minimum: {out['search']['min_hits']}"
+        )
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2, default=float))
+    print(f"wrote {path}")
     return 0
 
 

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from ._model import Spec, phys_theta, theta_drag, theta_tensor
+from ._model import Spec, phys_theta, theta_tensor
 
 SCALE_KEYS = ("Ix", "Iy", "Iz", "trace")
 
@@ -105,6 +105,3 @@ def standard_errors(J: np.ndarray, cov: np.ndarray) -> np.ndarray:
     var = np.einsum("ij,jk,ik->i", J, cov, J)
     return np.sqrt(np.maximum(var, 0.0))
 
-
-def drag_vector(theta_row: np.ndarray, spec: Spec) -> np.ndarray:
-    return theta_drag(theta_row, spec)

@@ -224,9 +224,12 @@ def _full_x(run: _Run, shared: np.ndarray, windows: np.ndarray, *, bias=None, w0
 # ----------------------------------------------------------------------------- per-window fits
 
 
-def _best_per_window(st, windows_of_row, n_windows):
-    """Index of the best row per window: converged before not, then the lowest cost."""
-    cost = np.where(st["ok"], st["cost"], np.inf) * np.where(st["status"] == _lm.LMStatus.CONVERGED, 1.0, 1e6)
+def _best_per_window(st, windows_of_row, n_windows, *, prefer_converged: bool):
+    """Index of the best row per window: the lowest cost (after a first phase), or converged
+    before not, then the lowest cost (after runs to the end)."""
+    cost = np.where(st["ok"], st["cost"], np.inf)
+    if prefer_converged:
+        cost = cost * np.where(st["status"] == _lm.LMStatus.CONVERGED, 1.0, 1e6)
     best = np.full(n_windows, -1)
     for w in range(n_windows):
         rows = np.flatnonzero(windows_of_row == w)
@@ -248,7 +251,7 @@ def _fit_windows(run: _Run, wins: np.ndarray, k: np.ndarray, starts: int) -> dic
     x0, R_ref, owner = np.concatenate(xs), np.concatenate(Rs), np.array(owner)
     batch = run.batch(k, wins[owner][:, None], [0], "opt", R_ref)
     st = run.lm(batch, x0, np.arange(x0.shape[0]), max_steps=run.phase1_steps)
-    best = _best_per_window(st, owner, len(wins))
+    best = _best_per_window(st, owner, len(wins), prefer_converged=False)
     keep = _lm.select(st, best)
     batch = run.batch(k, wins[owner[best]][:, None], [0], "opt", R_ref[best])
     keep["rows"] = np.arange(len(wins))
@@ -313,7 +316,7 @@ def _rescue(run: _Run, wins: np.ndarray, k: np.ndarray, st: dict) -> None:
     r["rows"] = np.arange(cont.size)
     batch = run.batch(k, wins[owner][:, None], [0], "opt", R_ref)
     r = run.lm(batch, None, None, max_steps=run.max_steps, state=r)
-    best = _best_per_window(r, owner, len(wins))
+    best = _best_per_window(r, owner, len(wins), prefer_converged=True)
     for j in bad:
         b = best[j]
         if b < 0 or not r["ok"][b]:
@@ -556,6 +559,7 @@ def _per_window(run: _Run, wins, k, starts, *, adapt: bool, reference_check: boo
         return out
     st = _fit_windows(run, wins, k, starts)
     bias_names = [(f"bias_{c}", spec.n_phys + a) for a, c in enumerate("xyz")] if spec.bias else []
+    sub = np.arange(0)  # the windows refitted in the previous round
     for _round in range(8):
         xp = _to_phys(run, st)
         phy = run.batch(k, wins[:, None], [0], "phys")
@@ -571,7 +575,12 @@ def _per_window(run: _Run, wins, k, starts, *, adapt: bool, reference_check: boo
         w0 = xp[:, -3:]
         b = xp[:, spec.n_phys : spec.n_phys + spec.n_bias] if spec.bias else np.zeros((wins.size, 3))
         rms_all = np.sqrt(rss_p[:, 0] / np.array([3.0 * run.segs[i].n for i in wins]))
-        ref = reference_rms([run.segs[i] for i in wins], theta, w0, b, spec) if reference_check else np.full(wins.size, np.nan)
+        if not reference_check:
+            ref = np.full(wins.size, np.nan)
+        elif _round == 0:
+            ref = reference_rms([run.segs[i] for i in wins], theta, w0, b, spec)
+        else:  # only the windows refitted in the previous round changed
+            ref[sub] = reference_rms([run.segs[i] for i in wins[sub]], theta[sub], w0[sub], b[sub], spec)
         ref_bad = reference_check & ~(np.abs(ref - rms_all) <= REF_TOL * rms_all)
         need = adapt & ((worst > SHIFT_MAX) | ref_bad) & (k[wins] < K_MAX) & st["ok"]
         if not need.any():

@@ -194,11 +194,3 @@ def select(state: dict, idx) -> dict:
     """A copy of ``state`` restricted to the problems ``idx``."""
     return {k: (v[idx].copy() if isinstance(v, np.ndarray) and v.ndim >= 1 else v) for k, v in state.items()}
 
-
-def merge(state: dict, idx, other: dict, mask) -> None:
-    """Write ``other``'s problems where ``mask`` into ``state`` at ``idx`` (in place)."""
-    idx = np.asarray(idx)[mask]
-    for k, v in other.items():
-        if isinstance(v, np.ndarray) and v.ndim >= 1 and k in state:
-            state[k][idx] = v[mask]
-

@@ -148,11 +148,8 @@ def _tensor_comps(inertia: np.ndarray, spec: Spec) -> np.ndarray:
 
 
 def _hat(a):
-    z = np.zeros_like(a[..., 0])
-    return np.stack(
-        [np.stack([z, -a[..., 2], a[..., 1]], -1), np.stack([a[..., 2], z, -a[..., 0]], -1),
-         np.stack([-a[..., 1], a[..., 0], z], -1)], -2,
-    )
+    """NumPy ``hat(a) (..., 3, 3)``: ``hat(a) b = a x b`` (column j is ``a x e_j``)."""
+    return np.swapaxes(np.cross(a[..., None, :], np.eye(3)), -1, -2)
 
 
 def _right_jacobian(phi):

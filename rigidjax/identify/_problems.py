@@ -138,9 +138,3 @@ class Batch:
         ok = ok & np.isfinite(cost) & np.all(np.isfinite(A), axis=(1, 2))
         return cost, A, g, ok, rss
 
-    def clusters(self, x, row: int):
-        """Each window's share of the normal equations at ``x (P,)`` of problem ``row``:
-        ``(idx (S, n_loc), A_loc (S, n_loc, n_loc), g_loc (S, n_loc))`` with ``idx`` the window's
-        unknowns in ``x`` (the clusters of cluster-robust covariances)."""
-        A_loc, g_loc, _, _ = self._local(np.asarray(x, float)[None], np.array([row]))
-        return self.idx, A_loc[0], g_loc[0]

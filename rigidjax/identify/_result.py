@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
 
 import jax.numpy as jnp
 import numpy as np
@@ -237,7 +236,3 @@ class InertiaFit:
                 lines.append(f"  {'bias (rad/s)':<18} truth {self.truth['bias']}  estimate {np.round(self.segments[0]['bias'], 5).tolist()}")
         return "\n".join(lines)
 
-
-def finite_or_nan(v) -> float:
-    v = float(v)
-    return v if math.isfinite(v) else float("nan")
