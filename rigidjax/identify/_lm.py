@@ -74,8 +74,8 @@ def decrement(A, g, cost, x, lo, hi, cost_floor):
     eye = np.eye(P)
     Af = np.where(F[:, :, None] & F[:, None, :], A, eye)
     d = np.sqrt(np.maximum(np.diagonal(Af, axis1=1, axis2=2), 1e-300))
-    An = Af / d[:, :, None] / d[:, None, :]
-    with np.errstate(invalid="ignore", over="ignore"):
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        An = Af / d[:, :, None] / d[:, None, :]
         w, V = np.linalg.eigh(np.nan_to_num(An, nan=0.0, posinf=0.0, neginf=0.0))
         z = np.einsum("aji,aj->ai", V, pg / d)
         wmax = np.maximum(w.max(axis=1, keepdims=True), 1e-300)
