@@ -26,10 +26,11 @@ def simulate_midpoint(dt: float, t_end: float, attitude: str = "midpoint"):
     ``omega0 = (0.01, 2, 0) rad/s`` (near the intermediate axis). Returns ``(t (n,),
     columns dict, summary dict)``; raises :class:`rigidjax.StepFailure` if a step fails.
     """
+    from functools import partial
+
     import jax.numpy as jnp
 
     import rigidjax as rj
-    from functools import partial
 
     body = rj.RigidBody(1.0, [1.0, 2.0, 3.0])
     s0 = rj.RigidBodyState(angular_velocity=[0.01, 2.0, 0.0])

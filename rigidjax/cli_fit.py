@@ -35,6 +35,14 @@ exit status:
   3  recordings whose estimates disagree were not pooled (--pool-all pools them anyway)
 """
 
+PENDULUM_EXIT_HELP = """\
+exit status:
+  0  converged: every window swings freely and was fitted to its least-squares minimum
+  1  a window was left out (not a free swing, a poor fit, no swing at all, not converged):
+     the status line and the messages name it
+  2  bad path, file or option
+"""
+
 DESCRIPTION = """\
 Fit the inertia tensor (as ratios in sensor axes, or in kg m^2 with --scale) to measured body
 angular velocity of free flights: least squares between the gyroscope and rollouts of the
@@ -88,7 +96,7 @@ def add_parsers(subparsers) -> None:
         help="rollout sub-steps per sample interval: auto (default: per window, so that the step error shifts no "
         "estimate by more than 0.3 standard errors) or a fixed integer",
     )
-    p.add_argument("--max-steps", type=int, default=200, help="Levenberg-Marquardt iterations (default 200)")
+    p.add_argument("--max-steps", type=int, default=200, help="Levenberg-Marquardt iterations of the best start, after 12 for every start (default 200)")
     p.add_argument("--max-duration", type=float, default=None, metavar="S", help="longest window accepted, s (default 10: free flight)")
     p.add_argument("--max-samples", type=int, default=None, metavar="N", help="most samples per window accepted (default 20000)")
     p.add_argument("--tosses", type=int, default=5, help="synthetic demo: number of tosses (default 5)")
@@ -98,7 +106,7 @@ def add_parsers(subparsers) -> None:
 
     q = subparsers.add_parser(
         "fit-pendulum", help="identify a physical pendulum (period, moment about the pivot, damping) from gyroscope recordings",
-        description=PENDULUM_DESCRIPTION, epilog=EXIT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=PENDULUM_DESCRIPTION, epilog=PENDULUM_EXIT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     q.add_argument("path", help="recording(s) of a swinging body (phyphox folder(s), CSV, NPZ)")
     q.add_argument("--axis", choices=["x", "y", "z"], default=None, help="gyroscope axis of the swing (default: detected per window)")
@@ -113,12 +121,30 @@ def add_parsers(subparsers) -> None:
 
 
 def _prepare_outputs(cmd, args) -> int | None:
+    """Check the output paths before the fit, not after it: missing folders are created (like
+    simulate --out); a folder in the way or one that cannot be written exits 2 at once."""
+    import os
+
     for opt, out in (("--json", args.json), ("--plot", args.plot)):
-        if out:  # before the fit, not after it; missing folders are created like simulate --out
-            try:
-                Path(out).parent.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                return _error(cmd, f"{opt} {out}: cannot create its folder {Path(out).parent}: {e.strerror or e}")
+        if not out:
+            continue
+        p = Path(out)
+        try:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            return _error(cmd, f"{opt} {out}: cannot create its folder {p.parent}: {e.strerror or e}")
+        if p.is_dir():
+            return _error(cmd, f"{opt} {out}: is a folder; give a file name")
+        if not os.access(p if p.exists() else p.parent, os.W_OK):
+            return _error(cmd, f"{opt} {out}: not writable")
+    return None
+
+
+def _write(cmd, opt, path, write) -> int | None:
+    try:
+        write()
+    except OSError as e:
+        return _error(cmd, f"{opt} {path}: cannot write: {e.strerror or e}")
     return None
 
 
@@ -155,8 +181,9 @@ def _plot(result, i: int, out: str) -> None:
         ax.set_ylabel(f"$\\omega_{'xyz'[k]}$ (rad/s)")
     axes[0].legend(loc="upper right", fontsize=8)
     axes[-1].set_xlabel("time in window (s)")
-    rms = seg["rms"] if seg.get("rms") is not None else float("nan")
-    fig.suptitle(f"{seg['name']}  {seg['comment']}\nresidual RMS {rms:.3g} rad/s ({result.mode} fit, {seg['status']})", fontsize=9)
+    which = "joint fit" if result.mode == "joint" and i in result.combined.get("windows", ()) else "its own fit"
+    rms = f"residual RMS {seg['rms']:.3g} rad/s" if seg.get("rms") is not None else "no fit"
+    fig.suptitle(f"{seg['name']}  {seg['comment']}\n{rms} ({which}; status {seg['status']})", fontsize=9)
     fig.savefig(out, dpi=120)
 
 
@@ -286,10 +313,14 @@ def run(args) -> int:
             out = result.to_dict()
             out["path"] = str(path)
             out["elapsed_s"] = elapsed
-            Path(args.json).write_text(json.dumps(out, indent=2, allow_nan=False))
+            code = _write("fit", "--json", args.json, lambda: Path(args.json).write_text(json.dumps(out, indent=2, allow_nan=False)))
+            if code is not None:
+                return code
             print(f"wrote {args.json}")
         if args.plot:
-            _plot(result, args.segment, args.plot)
+            code = _write("fit", "--plot", args.plot, lambda: _plot(result, args.segment, args.plot))
+            if code is not None:
+                return code
             print(f"wrote {args.plot} (window {args.segment})")
         if truth is not None:
             print("estimate - truth in standard errors: " + ", ".join(f"{k} {v:+.2f}" for k, v in _z_scores(result, truth).items()))
@@ -415,10 +446,14 @@ def run_pendulum(args) -> int:
             "combined": {k: {kk: (list(map(clean, vv)) if isinstance(vv, tuple) else clean(vv)) for kk, vv in c.items()} for k, c in comb.items()},
             "options": {"mass": args.mass, "pivot_distance": args.pivot_distance, "gravity": args.gravity, "axis": args.axis},
         }
-        Path(args.json).write_text(json.dumps(out, indent=2, allow_nan=False))
+        code = _write("fit-pendulum", "--json", args.json, lambda: Path(args.json).write_text(json.dumps(out, indent=2, allow_nan=False)))
+        if code is not None:
+            return code
         print(f"wrote {args.json}")
     if args.plot:
-        _plot_pendulum(segs[args.segment], fits[args.segment], args.plot)
+        code = _write("fit-pendulum", "--plot", args.plot, lambda: _plot_pendulum(segs[args.segment], fits[args.segment], args.plot))
+        if code is not None:
+            return code
         print(f"wrote {args.plot} (window {args.segment})")
     return exit_code(status)
 

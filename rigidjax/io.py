@@ -115,7 +115,7 @@ class Segment:
         if np.any(dt <= 0):
             i = int(np.argmax(dt <= 0))
             raise DataError(
-                f"{where}: time must be strictly increasing; t[{i + 1}] = {t[i + 1]!r} <= t[{i}] = {t[i]!r}"
+                f"{where}: time must be strictly increasing; t[{i + 1}] = {float(t[i + 1])!r} <= t[{i}] = {float(t[i])!r}"
             )
         if "orientation" in arrays:
             norm = np.linalg.norm(arrays["orientation"], axis=-1)

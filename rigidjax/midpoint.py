@@ -46,9 +46,17 @@ import numpy as np
 from jaxlie.utils import get_epsilon
 
 from . import so3
-from .body import RigidBody, RigidBodyState, check_step_inputs
 from ._util import materialize as _materialize
-from ._util import static_zero, sum_nonzero, unwrap_partial, zadd, zero_pattern, zmul, zneg
+from ._util import (
+    static_zero,
+    sum_nonzero,
+    unwrap_partial,
+    zadd,
+    zero_pattern,
+    zmul,
+    zneg,
+)
+from .body import RigidBody, RigidBodyState, check_step_inputs
 from .info import Status, StepInfo, make_info
 
 __all__ = [

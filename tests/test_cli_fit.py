@@ -31,7 +31,9 @@ def test_help_lists_the_exit_codes(capsys):
         with pytest.raises(SystemExit):
             build_parser().parse_args([cmd, "--help"])
         text = capsys.readouterr().out
-        assert "exit status:" in text and "3  recordings whose estimates disagree" in text
+        assert "exit status:" in text and "2  bad path, file or option" in text
+        # only `fit` pools recordings, so only it can refuse recordings that disagree
+        assert ("3  recordings whose estimates disagree" in text) == (cmd == "fit")
 
 
 def test_embedded_default_recovers_truth(tmp_path, capsys):
@@ -136,6 +138,8 @@ def test_errors_exit_2(tmp_path, capsys):
     assert main(["fit", str(long), "--plot", str(blocker / "x.png"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "--plot" in err and "cannot create its folder" in err
+    assert main(["fit", str(long), "--json", str(tmp_path), "--quiet"]) == 2  # a folder, not a file
+    assert "--json" in capsys.readouterr().err
     for argv, msg in ((["--starts", "0"], "--starts must be >= 1"), (["--substeps", "two"], "--substeps must be 'auto'")):
         assert main(["fit", *argv]) == 2
         assert msg in capsys.readouterr().err

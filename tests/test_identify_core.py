@@ -2,8 +2,10 @@
 the bounded Levenberg-Marquardt against SciPy's bounded least squares (``lsq_linear`` for a
 linear problem, ``least_squares(method="trf")`` for a nonlinear one, both at tight
 tolerances), the order-statistic interval of the median against the binomial distribution,
-the random-effects error against a Monte Carlo of its model, and the consistency check on
+the cluster-robust (sandwich) covariance against a Monte Carlo of its model, and the consistency check on
 recordings of two bodies."""
+
+import math
 
 import numpy as np
 import pytest
@@ -96,23 +98,35 @@ def test_median_interval_coverage_is_the_binomial_one(n):
     assert hits == pytest.approx(cov, abs=0.02)
 
 
-def test_random_effects_error_of_a_weighted_combination():
-    """Windows with errors ``se`` and a per-window effect of spread ``tau``: the information-
-    weighted mean's spread over many draws (Monte Carlo, the independent truth) against
-    :func:`random_effects_se` evaluated on each draw (median over draws, 10 % tolerance for
-    the estimate's own noise with 40 windows)."""
+def test_sandwich_covariance_of_a_clustered_least_squares_fit():
+    """A least-squares mean over windows of unequal length whose samples share a per-window
+    effect (model error) of spread ``tau``: the estimate's variance over many draws (Monte
+    Carlo, the independent truth) against :func:`sandwich` evaluated on each draw (mean over
+    draws; 10 % tolerance on the standard error for the Monte Carlo's own noise, 2000 draws)."""
     rng = np.random.default_rng(5)
-    se = np.concatenate([np.full(4, 0.01), np.full(36, 0.2)])  # a few precise windows dominate
-    tau = 0.3
-    w = 1 / se**2
+    sizes = rng.integers(20, 200, size=40)  # windows of unequal length
+    tau, sigma = 0.3, 0.05
+    g = np.repeat(np.arange(sizes.size), sizes)
+    A = np.array([[float(sizes.sum())]])  # Gauss-Newton matrix of r = y - beta
     draws, preds = [], []
     for _ in range(2000):
-        est = tau * rng.normal(size=se.size) + se * rng.normal(size=se.size)
-        draws.append(np.sum(w * est) / np.sum(w))
-        preds.append(_combine.random_effects_se(est, se))
-    assert np.median(preds) == pytest.approx(np.std(draws), rel=0.1)
-    # the noise-only error of the same combination is ~30x smaller: what a joint fit reports
-    assert 1 / np.sqrt(np.sum(w)) < np.std(draws) / 20
+        y = tau * rng.normal(size=sizes.size)[g] + sigma * rng.normal(size=g.size)
+        beta = y.mean()
+        scores = -np.bincount(g, weights=y - beta)[:, None]  # per-window gradient J^T r
+        draws.append(beta)
+        preds.append(_combine.sandwich(A, scores)[0, 0])
+    assert math.sqrt(np.mean(preds)) == pytest.approx(np.std(draws), rel=0.1)
+    # the noise-only error of the same fit is ~20x smaller: what a joint fit's Gauss-Newton reports
+    assert sigma / math.sqrt(sizes.sum()) < np.std(draws) / 20
+
+
+def test_cluster_dof_counts_the_windows_that_carry_the_fit():
+    """Equal influences: ``G - 1`` (the usual cluster-robust degrees of freedom); one window
+    carrying the estimate: 1; two equal windows among negligible ones: about 1."""
+    assert _combine.cluster_dof(np.ones((1, 10)))[0] == pytest.approx(9.0)
+    assert _combine.cluster_dof(np.array([[1.0, 1e-3, -1e-3, 1e-3]]))[0] == pytest.approx(1.0)
+    assert _combine.cluster_dof(np.array([[1.0, -1.0, 1e-3, 1e-3, 1e-3]]))[0] == pytest.approx(1.0, abs=1e-3)
+    assert _combine.cluster_dof(np.zeros((1, 4)))[0] == 1.0  # no influence at all: the floor
 
 
 def test_consistency_names_the_other_body():

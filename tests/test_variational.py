@@ -16,9 +16,16 @@ import numpy as np
 import pytest
 from scipy.integrate import solve_ivp
 
-from rigidjax import RigidBody, RigidBodyState, StepFailure, check, rollout
+from rigidjax import (
+    RigidBody,
+    RigidBodyState,
+    StepFailure,
+    check,
+    reference,
+    rollout,
+    systems,
+)
 from rigidjax.info import Status
-from rigidjax import reference, systems
 from rigidjax.variational import (
     MechanicalSystem,
     VIState,

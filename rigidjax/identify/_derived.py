@@ -23,6 +23,7 @@ def parse_scale(scale) -> tuple[str, float] | None:
     """
     if scale is None:
         return None
+    given = scale
     if isinstance(scale, str):
         if "=" not in scale:
             raise FitError(f"scale: expected KEY=VALUE with KEY in {SCALE_KEYS}, e.g. 'Iy=1.3911e-3'; got {scale!r}")
@@ -36,7 +37,7 @@ def parse_scale(scale) -> tuple[str, float] | None:
         k, v = scale
         v = float(v)
     except (TypeError, ValueError):
-        raise FitError(f"scale: expected KEY=VALUE with a number; got {scale!r}") from None
+        raise FitError(f"scale: expected KEY=VALUE with a number; got {given!r}") from None
     if k not in SCALE_KEYS:
         raise FitError(f"scale: key must be one of {SCALE_KEYS}; got {k!r}")
     if not (math.isfinite(v) and v > 0):

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Callable
+from collections.abc import Callable
 
 import jax.numpy as jnp
 import numpy as np
@@ -71,6 +71,7 @@ from ._model import (
 )
 from ._problems import Batch
 from ._result import FitStatus, InertiaFit
+from .pendulum import looks_like_pendulum
 
 #: Fewer samples than this in a window: too few to determine inertia ratios (not fitted).
 MIN_SAMPLES = 10
@@ -79,7 +80,7 @@ SNR_MIN = 5.0
 #: Initial sub-steps: rotation per sub-step ``|omega| dt / k`` at most this (rad).
 ROT_TARGET = 0.2
 #: Most sub-steps per sample interval.
-K_MAX = 32
+K_MAX = 64
 #: Largest accepted shift of an estimate by the step error, in its standard errors.
 SHIFT_MAX = 0.3
 #: Largest accepted relative change of a window's residual RMS under the reference integrator.
@@ -98,12 +99,21 @@ JOINT_OWN, JOINT_MEDIAN = 5.0, 3.0
 SUSPECT_MEDIAN, SUSPECT_SIGNAL = 3.0, 0.10
 #: Random starts of a refit, and how many of all its starts continue after the first phase.
 RESCUE_RANDOM, RESCUE_KEEP = 16, 4
-#: Relative standard error of Ix/Iy or Iz/Iy above which the window is unidentifiable.
-REL_SE_MAX = 1.0
+#: Relative standard error of Ix/Iy or Iz/Iy above which the window is unidentifiable (the
+#: flattest racquet windows, on the thin-plate edge, are known to +-20-35 %).
+REL_SE_MAX = 0.5
+#: A window whose estimate sits on an edge of the physically valid set while the data ask
+#: for an inertia beyond it (the unconstrained Gauss-Newton step would remove more than this
+#: fraction of its cost) is a poor fit: not free flight, wrong axes or units, not rigid. On
+#: the 69 racquet windows, those on an edge would gain at most 24 % (principal moments) and
+#: 37 % (full tensor + drag).
+EDGE_PUSH = 0.6
+#: Rates above this (rad/s, ~8 rev/s) are beyond a hand throw: a warning names deg/s.
+MAX_PLAUSIBLE_RATE = 50.0
 
 _SEVERITY = (
     FitStatus.NONFINITE, FitStatus.MAX_STEPS, FitStatus.STALLED, FitStatus.INCONSISTENT, FitStatus.POOR_FIT,
-    FitStatus.STEP_ERROR, FitStatus.UNIDENTIFIABLE, FitStatus.CONVERGED,
+    FitStatus.NOT_FREE, FitStatus.STEP_ERROR, FitStatus.UNIDENTIFIABLE, FitStatus.CONVERGED,
 )
 _LM_STATUS = {
     _lm.LMStatus.CONVERGED: FitStatus.CONVERGED, _lm.LMStatus.MAX_STEPS: FitStatus.MAX_STEPS,
@@ -447,8 +457,9 @@ def fit_inertia(
 ) -> InertiaFit:
     """Fit the inertia (ratios, or moments given a scale) to measured body angular velocity.
 
-    See the module docstring (:mod:`rigidjax.identify`) for what is fitted, how the minimum
-    is found and checked, and what the statuses and uncertainties mean.
+    What is fitted, how the minimum is found and checked, and what the statuses and the two
+    uncertainties mean: :mod:`rigidjax.identify._fit` (this module), :mod:`rigidjax.identify._lm`
+    and :mod:`rigidjax.identify._combine`; the statuses: :class:`rigidjax.identify.FitStatus`.
 
     Args:
         segments: a list of :class:`rigidjax.io.Segment` (free-flight windows), one Segment,
@@ -527,15 +538,31 @@ def fit_inertia(
 
     # ---- 1. what can be identified at all
     pre = {}
+    not_free = {}
     for i, s in enumerate(segs):
+        swing = looks_like_pendulum(s.omega) if s.n >= MIN_SAMPLES else None
         if s.n < MIN_SAMPLES or 3 * s.n <= p_window + 3:
             pre[i] = f"{s.n} samples: too few to determine {p_window} parameters (at least {MIN_SAMPLES} samples)"
-        elif run.signal[i] < SNR_MIN * run.noise[i]:
+        elif run.signal[i] <= SNR_MIN * run.noise[i]:
             pre[i] = (
                 f"the rates vary by {run.signal[i]:.2g} rad/s RMS, within {SNR_MIN:g}x the gyroscope noise "
                 f"({run.noise[i]:.2g} rad/s): no motion, noise only, or a steady spin about one axis, which fits any inertia"
             )
-    wins = np.array([i for i in range(n) if i not in pre], int)
+        elif swing is not None:
+            not_free[i] = (
+                f"the rates oscillate about the {'xyz'[swing]} axis alone: a pendulum swing, not free flight (fit it "
+                "with rigidjax.identify.pendulum / `rigidjax fit-pendulum`)"
+            )
+    fast = [i for i, s in enumerate(segs) if float(np.max(np.linalg.norm(s.omega, axis=1))) > MAX_PLAUSIBLE_RATE]
+    if fast:
+        top = max(float(np.max(np.linalg.norm(segs[i].omega, axis=1))) for i in fast)
+        warnings.warn(
+            f"fit_inertia: {len(fast)} window(s) reach {top:.0f} rad/s ({top * 180 / math.pi:.0f} deg/s), beyond a hand "
+            f"throw (a tossed body spins at up to ~{MAX_PLAUSIBLE_RATE:g} rad/s): if the rates are in deg/s, convert them "
+            "to rad/s (x pi/180) first",
+            stacklevel=2,
+        )
+    wins = np.array([i for i in range(n) if i not in pre and i not in not_free], int)
     k = _initial_substeps(segs, None if substeps == "auto" else substeps)
 
     labels = _recording_labels(segs)
@@ -550,6 +577,8 @@ def fit_inertia(
         r["substeps"] = int(k[i])
         if i in pre:
             r.update(status=FitStatus.UNIDENTIFIABLE, reason=pre[i], rms=None, estimates={}, se={}, iterations=0)
+        elif i in not_free:
+            r.update(status=FitStatus.NOT_FREE, reason=not_free[i], rms=None, estimates={}, se={}, iterations=0)
         else:
             r.update(per[i])
     _quality(run, rows, [i for i in range(n) if i not in pre])
@@ -625,6 +654,13 @@ def _per_window(run: _Run, wins, k, starts, *, adapt: bool, reference_check: boo
                 f"the least-squares minimum lies at a degenerate, rod-like inertia (a ratio beyond {V_MAX:g}, the edge "
                 "of the search): the data do not determine the inertia"
             )
+        elif status == FitStatus.CONVERGED and (push := _edge_push(spec, st, j)) is not None:
+            status = FitStatus.POOR_FIT
+            reason = (
+                f"the data ask for {push[0]}, beyond the physically valid set: the least-squares minimum sits on its "
+                f"edge and an unconstrained step would remove {100 * push[1]:.0f} % of the residual (not free flight, "
+                "wrong axes or units, or not a rigid body)"
+            )
         elif status == FitStatus.CONVERGED and (sing[j] or max(rel) > REL_SE_MAX):
             status = FitStatus.UNIDENTIFIABLE
             reason = (
@@ -650,6 +686,29 @@ def _per_window(run: _Run, wins, k, starts, *, adapt: bool, reference_check: boo
     return out
 
 
+_EDGES = {  # (chart coordinate, bound) -> what lies beyond it
+    (0, "hi"): "I3 > I1 + I2", (0, "lo"): "I1 > I2 + I3", (1, "lo"): "I2 > I1 + I3",
+}
+
+
+def _edge_push(spec: Spec, st: dict, j: int):
+    """``(what, fraction)`` where window ``j``'s estimate sits on an edge of the valid set and
+    the unconstrained Gauss-Newton step would remove more than :data:`EDGE_PUSH` of its cost,
+    else ``None``. ``I1, I2, I3``: the principal moments (along sensor x, y, z without
+    ``tensor``)."""
+    x, g, lo, hi = st["x"][j], st["g"][j], st["lo"][j], st["hi"][j]
+    held = [(c, b) for c in range(spec.n_chart) for b, at in (("lo", x[c] <= lo[c] and g[c] > 0), ("hi", x[c] >= hi[c] and g[c] < 0)) if at]
+    if not held:
+        return None
+    inf = np.full((1, x.size), np.inf)
+    free = _lm.decrement(st["A"][j : j + 1], g[None], st["cost"][j : j + 1], x[None], -inf, inf, st["floor"][j : j + 1])[0]
+    if not free > EDGE_PUSH:
+        return None
+    c, b = held[0]
+    what = _EDGES.get((c, b), "a negative drag (a body that speeds up)" if c >= 2 + 3 * spec.tensor else "a degenerate inertia")
+    return what, min(float(free), 1.0)
+
+
 def _quality(run: _Run, rows, fitted) -> None:
     """The residual rule (see module), IN PLACE on ``rows``. The median is over the windows of
     the same recording (one body, one set of conditions) where it has at least 3, else over
@@ -664,13 +723,20 @@ def _quality(run: _Run, rows, fitted) -> None:
         r = rows[i]
         med, n_med = meds[j], (n_src[r["source"]] if n_src[r["source"]] >= 3 else len(conv))
         rms = r["rms"]
-        implausible = (rms > POOR_MEDIAN * med and n_med > 1) or rms > POOR_SIGNAL * run.signal[i]
-        if implausible and rms > POOR_NOISE * run.noise[i]:
+        why = []
+        if rms > POOR_MEDIAN * med and n_med > 1:
+            scope = "its recording's windows" if n_src[r["source"]] >= 3 else "the windows"
+            why.append(f"{rms / med:.1f}x the median over {scope} ({med:.3g} rad/s)")
+        if rms > POOR_SIGNAL * run.signal[i]:
+            why.append(
+                f"{rms / run.signal[i]:.0%} of the window's own variation ({run.signal[i]:.3g} rad/s RMS; a good fit leaves "
+                f"under {POOR_SIGNAL:.0%})"
+            )
+        if why and rms > POOR_NOISE * run.noise[i]:
             r["status"] = FitStatus.POOR_FIT
             r["reason"] = (
-                f"residual {rms:.3g} rad/s: above {POOR_MEDIAN:g}x the median over windows ({med:.3g}) or "
-                f"{POOR_SIGNAL:.0%} of the window's signal ({run.signal[i]:.3g}), and above {POOR_NOISE:g}x its noise "
-                f"({run.noise[i]:.2g}): a wrong basin, or not free flight"
+                f"residual {rms:.3g} rad/s: " + " and ".join(why) + f", and {rms / run.noise[i]:.0f}x its noise "
+                f"({run.noise[i]:.2g} rad/s): a wrong basin, or not free flight"
             )
 
 
@@ -716,21 +782,14 @@ def _combine_windows(run: _Run, rows, pool: str) -> InertiaFit:
         se_tot = {k_: float("nan") for k_ in est}
         intervals = {k_: (float("nan"), float("nan")) for k_ in est}
     elif pooled:
-        lo_hi = {}
-        cov_ = None
         for name in run.names:
             v = np.array([rows[i]["estimates"][name] for i in pooled])
             e = np.array([rows[i]["se"][name] for i in pooled])
             est[name] = float(np.median(v))
             se_stat[name] = _combine.median_se_stat(e)
-            lo, hi, cov_ = _combine.median_interval(v)
-            lo_hi[name] = (lo, hi)
+            lo, hi, _, method = _combine.window_interval(v)
+            intervals[name] = (lo, hi)
             se_tot[name] = (hi - lo) / (2 * 1.959964)
-        intervals = lo_hi
-        method = (
-            f"order statistics of the {len(pooled)} window estimates, distribution-free interval of the median "
-            f"(coverage {100 * cov_:.1f} %)"
-        )
     status, message = _overall(rows, excluded)
     m_tot = sum(3 * run.segs[i].n for i in pooled)
     rms = float(np.sqrt(sum(rows[i]["rms"] ** 2 * 3 * run.segs[i].n for i in pooled) / m_tot)) if pooled else float("nan")
@@ -748,8 +807,8 @@ def _combine_windows(run: _Run, rows, pool: str) -> InertiaFit:
         "shift_se": worst, "max_shift_se": max((abs(v_) for v_ in worst.values()), default=0.0),
     }
     combined = {
-        "n": len(pooled), "sources": list(main) if pooled else [], "excluded": excluded, "method": method,
-        "by_source": summaries, "pool": pool,
+        "n": len(pooled), "windows": pooled, "sources": list(main) if pooled else [], "excluded": excluded,
+        "method": method, "by_source": summaries, "pool": pool,
     }
     model = {
         "spec": spec,
@@ -781,11 +840,21 @@ def _joint_starts(run: _Run, pooled, theta_w, n: int) -> list[np.ndarray]:
 
 
 def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, starts: int) -> InertiaFit:
-    """Joint mode: the pooled windows with one shared inertia (see module)."""
+    """Joint mode: the pooled windows with one shared inertia (see module).
+
+    Pooled: the windows of the pooled recordings whose own fit reached its minimum, including
+    those that alone could not determine the ratios (a joint fit may). Each row keeps its own
+    fit under ``own`` (status, rms, estimates, se) and reports the joint fit's residual,
+    status and bias."""
     spec = run.spec
-    pooled = [i for i, r in enumerate(rows) if r["status"] == FitStatus.CONVERGED]
+    main = set(per.combined.get("sources") or [])
+    determined = FitStatus.CONVERGED, FitStatus.UNIDENTIFIABLE
+    pooled = [
+        i for i, r in enumerate(rows)
+        if r["status"] in determined and r.get("estimates") and (pool == "all" or r["recording"] in main)
+    ]
     for r in rows:
-        r["rms_own"] = r.get("rms")
+        r["own"] = {key: r.get(key) for key in ("status", "reason", "rms", "estimates", "se", "substeps")}
     base = dict(
         mode="joint", options={}, estimates={}, uncertainties={}, total_uncertainties={}, intervals={},
         segments=rows, rms=float("nan"), step_error=per.step_error, _model=per._model,
@@ -806,7 +875,8 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
         if spec.bias:
             for g_ in range(G):
                 b[3 * g_ : 3 * g_ + 3] = np.median([per._model["bias"][i] for i, gg in zip(pooled, groups) if gg == g_], 0)
-        cands = _joint_starts(run, pooled, theta_all[pooled], starts)
+        good = [i for i in pooled if rows[i]["status"] == FitStatus.CONVERGED] or pooled
+        cands = _joint_starts(run, pooled, theta_all[good], starts)
         xs, Rs = theta_chart(np.array(cands), spec)
         x0 = np.concatenate([xs, np.tile(b, (len(cands), 1)), np.tile(w0, (len(cands), 1))], 1)
         seg_ids = np.tile(np.array(pooled), (len(cands), 1))
@@ -830,7 +900,7 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
         # leaving such windows out would bias the estimate
         bad = [
             j for j, i in enumerate(pooled)
-            if rms_w[j] > JOINT_OWN * rows[i]["rms_own"] and (rms_w[j] > JOINT_MEDIAN * med or S == 1)
+            if rms_w[j] > JOINT_OWN * rows[i]["own"]["rms"] and (rms_w[j] > JOINT_MEDIAN * med or S == 1)
             and rms_w[j] > POOR_NOISE * run.noise[i]
         ]
         if not bad:
@@ -840,7 +910,7 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
             rows[i]["status"] = FitStatus.POOR_FIT
             rows[i]["reason"] = (
                 f"under the shared inertia its residual is {rms_w[j]:.3g} rad/s, above {JOINT_OWN:g}x its own fit's "
-                f"({rows[i]['rms_own']:.3g}) and {JOINT_MEDIAN:g}x the median over the pooled windows ({med:.3g}): not "
+                f"({rows[i]['own']['rms']:.3g}) and {JOINT_MEDIAN:g}x the median over the pooled windows ({med:.3g}): not "
                 "explained by the body the others share (a wrong basin?); left out of the joint fit"
             )
             excluded_joint.append(i)
@@ -870,58 +940,80 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
         batch = run.batch(k, np.array(pooled)[None], groups, "opt", R_best)
         st = run.lm(batch, st["x"], np.array([0]), max_steps=run.max_steps)
         st["R_ref"] = R_best
-    # total: the random-effects error of the windows' own estimates (see _combine), never
-    # below the statistical one
+    # total: the sandwich over windows (never below the statistical), Student t; where it
+    # misses the windows' own interval, the model error pulls the joint estimate: span both
     se_tot = {name: float("nan") for name in run.names}
+    intervals = {name: (float("nan"), float("nan")) for name in run.names}
+    widened, dof = [], np.full(len(run.names), float(G_w - 1))
     if not singular and G_w > 1:
-        for n_ in run.names:
-            re_ = _combine.random_effects_se([rows[i]["estimates"][n_] for i in pooled], [rows[i]["se"][n_] for i in pooled])
-            se_tot[n_] = float(np.fmax(re_, se[n_]))
-    intervals = {name: _combine.t_interval(est[name], se_tot[name], G_w - 1) for name in run.names}
+        scores = phy.scores(xp[0], 0)
+        sw = _combine.sandwich(A_p[0], scores)
+        se_sw = standard_errors(J, sw[: spec.n_phys, : spec.n_phys])
+        dof = _combine.cluster_dof(J @ (np.linalg.pinv(A_p[0]) @ scores.T)[: spec.n_phys])
+        for j_, n_ in enumerate(run.names):
+            se_tot[n_] = float(np.fmax(se_sw[j_], se[n_]))
+            lo, hi = _combine.t_interval(est[n_], se_tot[n_], dof[j_])
+            own = [rows[i]["own"]["estimates"][n_] for i in pooled if rows[i]["own"]["status"] == FitStatus.CONVERGED]
+            w_lo, w_hi, _, _ = _combine.window_interval(own)
+            if np.isfinite(w_lo) and (w_hi < lo or w_lo > hi):
+                lo, hi = min(lo, w_lo), max(hi, w_hi)
+                widened.append(n_)
+            intervals[n_] = (lo, hi)
     theta, _ = phys_theta(xp[:, : spec.n_phys], spec)
     off_w = spec.n_phys + G * n_b
     w0s = xp[0, off_w:].reshape(-1, 3)
     bias_w = np.array([xp[0, spec.n_phys + 3 * g_ : spec.n_phys + 3 * g_ + 3] if spec.bias else np.zeros(3) for g_ in groups])
+    bias_se = np.sqrt(np.maximum(np.diag(cov), 0.0)) if np.all(np.isfinite(cov)) else np.full(phy.P, np.inf)
     ref = (
         reference_rms([run.segs[i] for i in pooled], np.repeat(theta, len(pooled), 0), w0s, bias_w, spec)
         if reference_check else np.full(len(pooled), np.nan)
     )
     lm_status = _LM_STATUS[_lm.LMStatus(int(st["status"][0]))] if (st["ok"][0] and ok_p[0]) else FitStatus.NONFINITE
     rel = [se[key] / abs(est[key]) if est[key] else np.inf for key in ("Ix/Iy", "Iz/Iy")]
-    extra = []
-    if lm_status != FitStatus.CONVERGED:
-        extra.append(f"the joint fit: {lm_status.value}")
-    elif singular or max(rel) > REL_SE_MAX:
+    joint_reason = ""
+    if lm_status == FitStatus.CONVERGED and (singular or max(rel) > REL_SE_MAX):
         lm_status = FitStatus.UNIDENTIFIABLE
-        extra.append("the joint fit: the data do not determine the inertia ratios")
+        joint_reason = "the joint fit: the pooled windows do not determine the inertia ratios"
+    elif lm_status != FitStatus.CONVERGED:
+        joint_reason = f"the joint fit: {lm_status.value}"
     model = per._model
     for j, i in enumerate(pooled):
         r = rows[i]
         r["rms"] = float(np.sqrt(rss_p[0, j] / (3 * run.segs[i].n)))
         r["rms_reference"] = float(ref[j])
         r["omega0"] = w0s[j].tolist()
-        r["omega0_se"] = np.sqrt(np.maximum(np.diag(cov)[off_w + 3 * j : off_w + 3 * j + 3], 0)).tolist()
+        r["omega0_se"] = bias_se[off_w + 3 * j : off_w + 3 * j + 3].tolist()
         r["step_error_rms"] = float(rms_e[0, j])
+        r["status"], r["reason"] = lm_status, joint_reason
         if spec.bias:
+            ob = spec.n_phys + 3 * groups[j]
             r["bias"] = bias_w[j].tolist()
-        if reference_check and not (abs(ref[j] - r["rms"]) <= REF_TOL * r["rms"]):
+            r["bias_se"] = bias_se[ob : ob + 3].tolist()
+        if lm_status == FitStatus.CONVERGED and reference_check and not (abs(ref[j] - r["rms"]) <= REF_TOL * r["rms"]):
             r["status"] = FitStatus.STEP_ERROR
             r["reason"] = f"re-simulated by DOP853 the residual is {ref[j]:.3g} rad/s against the joint fit's {r['rms']:.3g}"
-        if lm_status != FitStatus.CONVERGED and r["status"] == FitStatus.CONVERGED:
-            r["status"] = lm_status
-            r["reason"] = extra[-1]
         model["theta"][i] = theta[0]
         model["omega0"][i] = w0s[j]
         model["bias"][i] = bias_w[j]
         model["substeps"][i] = r["substeps"] = int(k[i])
     status, message = _overall(rows, per.combined.get("excluded", {}))
+    bias = {}
+    if spec.bias:
+        for g_ in range(G):
+            ob = spec.n_phys + 3 * g_
+            bias[sources[g_]] = {"value": xp[0, ob : ob + 3].tolist(), "se": bias_se[ob : ob + 3].tolist()}
+    method = (
+        f"cluster-robust (sandwich) error over the {G_w} windows, at least the statistical one; Student t with "
+        f"the windows' effective degrees of freedom ({np.min(dof):.1f}-{np.max(dof):.1f} of at most {G_w - 1})"
+    )
+    if widened:
+        method += (
+            f"; for {', '.join(widened)} that interval misses the windows' own fits' interval (model error pulls the "
+            "joint estimate): the interval spans both"
+        )
     combined = dict(
-        per.combined, n=len(pooled), sources=sources, excluded_windows=[rows[i]["name"] for i in excluded_joint],
-        method=(
-            f"random-effects error of the information-weighted {G_w} windows (their own fits' scatter), at least the "
-            f"statistical one; Student t with {G_w - 1} dof"
-        ),
-        sigma=math.sqrt(s2) if s2 == s2 else None, iterations=int(st["it"][0]),
+        per.combined, n=len(pooled), windows=pooled, sources=sources, excluded_windows=[rows[i]["name"] for i in excluded_joint],
+        method=method, widened=widened, dof={n_: float(d_) for n_, d_ in zip(run.names, dof)}, sigma=math.sqrt(s2) if math.isfinite(s2) else None, iterations=int(st["it"][0]), bias=bias,
     )
     m_tot = sum(3 * run.segs[i].n for i in pooled)
     step_error = {

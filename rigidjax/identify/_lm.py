@@ -39,7 +39,7 @@ vmapped call per iteration for the whole batch, and optimistix' LM has no bounds
 from __future__ import annotations
 
 import enum
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

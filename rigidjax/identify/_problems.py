@@ -138,3 +138,12 @@ class Batch:
         ok = ok & np.isfinite(cost) & np.all(np.isfinite(A), axis=(1, 2))
         return cost, A, g, ok, rss
 
+
+    def scores(self, x, row: int) -> np.ndarray:
+        """Each window's gradient contribution ``J_w^T r_w`` ``(S, P)`` at ``x (P,)`` of problem
+        ``row`` (the clusters of a sandwich covariance)."""
+        _, g_loc, _, _ = self._local(np.asarray(x, float)[None], np.array([row]))
+        out = np.zeros((self.S, self.P))
+        for s in range(self.S):
+            out[s, self.idx[s]] = g_loc[0, s]
+        return out

@@ -114,16 +114,21 @@ class InertiaFit:
             ignore model error.
         total_uncertainties: 1-sigma that covers the scatter between windows (model error
             included): per-window, half the width of :attr:`intervals` over 1.96; joint, the
-            cluster-robust (sandwich) covariance over windows. ``nan`` with one window.
+            cluster-robust (sandwich) error over windows, at least the statistical one.
+            ``nan`` with one window.
         intervals: name -> ``(lo, hi)``, the 95 % interval covering the between-window
-            scatter: per-window, order statistics of the windows (distribution-free
-            interval of the median); joint, ``estimate ± t(0.975, n-1) total``.
-        segments: one dict per window: name, comment, source, n, substeps, rms (rad/s),
-            rms_reference (the same parameters under a tight ODE solver), status, reason,
-            iterations, omega0, (bias), estimates and se (its own fit), noise and signal
-            (rad/s), step_shift_se.
-        combined: how the windows were pooled: ``n``, ``sources``, ``excluded`` (recording ->
-            why), ``by_source`` summaries, ``method`` of the intervals.
+            scatter (:mod:`rigidjax.identify._combine`): per-window, order statistics of the
+            windows (six or more; Student t about the median for two to five); joint,
+            ``estimate ± t(0.975, G-1) total``, spanning the windows' own interval too where
+            the two disagree. ``combined["method"]`` says which, with the coverage.
+        segments: one dict per window: name, comment, source, recording, n, substeps, rms
+            (rad/s), rms_reference (the same parameters under a tight ODE solver), status,
+            reason, iterations, omega0, (bias, bias_se), estimates and se (its own fit), noise
+            and signal (rad/s), step_shift_se; in joint mode, rms, status, substeps, omega0 and
+            bias are the joint fit's and ``own`` holds the window's own fit.
+        combined: how the windows were pooled: ``n``, ``windows`` (their rows), ``sources``,
+            ``excluded`` (recording -> why), ``by_source`` summaries, ``method`` of the
+            intervals; joint mode also ``bias`` (recording -> value and se, rad/s).
         rms: residual RMS over the pooled windows, rad/s.
         truth: the true values where known (synthetic data), else ``None``.
         step_error: the simulation's own step error: ``substeps`` (per window), ``rms``
@@ -186,17 +191,21 @@ class InertiaFit:
         lines = []
         wc = max([7] + [len(s["comment"]) for s in self.segments])
         wst = max([9] + [len(str(s["status"])) for s in self.segments])
+        joint = self.mode == "joint"
         head = f"{'#':>3} {'window':<{max_name}} {'comment':<{wc}} {'n':>4} {'k':>2} {'rms':>7} {'status':<{wst}}"
-        head += "".join(f" {k:>18}" for k in keys)
+        head += "".join(f" {('own ' + k) if joint else k:>18}" for k in keys)
         lines += [head, "-" * len(head)]
         for i, s in enumerate(self.segments):
             name = s["name"] if len(s["name"]) <= max_name else "…" + s["name"][-(max_name - 1) :]
             rms = f"{s['rms']:>7.4f}" if s.get("rms") is not None and np.isfinite(s["rms"]) else f"{'—':>7}"
             row = f"{i:>3} {name:<{max_name}} {s['comment']:<{wc}} {s['n']:>4} {s.get('substeps', 0):>2} {rms} {str(s['status']):<{wst}}"
-            est = s.get("estimates") or {}
-            shown = s["status"] not in (FitStatus.UNIDENTIFIABLE,)
-            row += "".join(f" {(pm(est.get(k), s['se'].get(k)) if shown and est else '—'):>18}" for k in keys)
+            own = s.get("own") or s
+            est = own.get("estimates") or {}
+            shown = own.get("status") != FitStatus.UNIDENTIFIABLE
+            row += "".join(f" {(pm(est.get(k), own['se'].get(k)) if shown and est else '—'):>18}" for k in keys)
             lines.append(row)
+        if joint:
+            lines.append("(k, rms and status: the joint fit; 'own': each window's own fit, for comparison)")
         lines.append("")
         c = self.combined
         for src, why in c.get("excluded", {}).items():
@@ -215,7 +224,8 @@ class InertiaFit:
                 lines.append(f"  {k:<18} {pm(v, self.uncertainties.get(k)):>28}   {_interval(self.intervals.get(k))}")
             if c.get("method"):
                 lines.append(f"  (statistical: noise only, Gauss-Newton; interval: {c['method']})")
-        lines.append(f"residual RMS {self.rms:.4g} rad/s over the pooled windows; status: {self.status}")
+        rms = f"{self.rms:.4g} rad/s" if np.isfinite(self.rms) else "—"
+        lines.append(f"residual RMS {rms} over the pooled windows; status: {self.status}")
         lines.append(f"  {self.message}")
         if self.step_error:
             se_ = self.step_error
