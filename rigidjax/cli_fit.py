@@ -99,6 +99,10 @@ def add_parsers(subparsers) -> None:
     p.add_argument("--max-steps", type=int, default=200, help="Levenberg-Marquardt iterations of the best start, after 12 for every start (default 200)")
     p.add_argument("--max-duration", type=float, default=None, metavar="S", help="longest window accepted, s (default 10: free flight)")
     p.add_argument("--max-samples", type=int, default=None, metavar="N", help="most samples per window accepted (default 20000)")
+    p.add_argument(
+        "--max-rate", type=float, default=None, metavar="RAD_S",
+        help="highest angular speed accepted, rad/s (default 50: beyond a hand throw, most likely deg/s)",
+    )
     p.add_argument("--tosses", type=int, default=5, help="synthetic demo: number of tosses (default 5)")
     p.add_argument("--seed", type=int, default=0, help="random seed (starts; synthetic demo)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -217,8 +221,10 @@ def run(args) -> int:
     for name, lo in (("starts", 1), ("max_steps", 1), ("tosses", 1), ("max_samples", 10)):
         if getattr(args, name) is not None and getattr(args, name) < lo:
             return _error("fit", f"--{name.replace('_', '-')} must be >= {lo}; got {getattr(args, name)}")
-    if args.max_duration is not None and not (math.isfinite(args.max_duration) and args.max_duration > 0):
-        return _error("fit", f"--max-duration must be > 0 s; got {args.max_duration}")
+    for name, unit in (("max_duration", "s"), ("max_rate", "rad/s")):
+        v = getattr(args, name)
+        if v is not None and not (math.isfinite(v) and v > 0):
+            return _error("fit", f"--{name.replace('_', '-')} must be > 0 {unit}; got {v}")
     substeps = args.substeps
     if substeps != "auto":
         try:
@@ -287,6 +293,8 @@ def run(args) -> int:
             kw["max_duration"] = args.max_duration
         if args.max_samples is not None:
             kw["max_samples"] = args.max_samples
+        if args.max_rate is not None:
+            kw["max_rate"] = args.max_rate
         t0 = time.perf_counter()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -377,7 +385,7 @@ def run_pendulum(args) -> int:
     from .identify.pendulum import combine_pendulum, fit_pendulum_segments
     from .io import DataError
 
-    for name in ("mass", "pivot_distance"):
+    for name in ("mass", "pivot_distance", "gravity"):
         v = getattr(args, name)
         if v is not None and not (math.isfinite(v) and v > 0):
             return _error("fit-pendulum", f"--{name.replace('_', '-')} must be > 0; got {v}")

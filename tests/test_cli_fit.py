@@ -140,7 +140,11 @@ def test_errors_exit_2(tmp_path, capsys):
     assert "--plot" in err and "cannot create its folder" in err
     assert main(["fit", str(long), "--json", str(tmp_path), "--quiet"]) == 2  # a folder, not a file
     assert "--json" in capsys.readouterr().err
-    for argv, msg in ((["--starts", "0"], "--starts must be >= 1"), (["--substeps", "two"], "--substeps must be 'auto'")):
+    deg = tmp_path / "deg.csv"  # a flip in deg/s
+    deg.write_text("t,wx,wy,wz\n" + "\n".join(f"{0.01 * i:.2f},{20 * i},1100,30" for i in range(100)))
+    assert main(["fit", str(deg), "--quiet"]) == 2
+    assert "deg/s" in capsys.readouterr().err
+    for argv, msg in ((["--starts", "0"], "--starts must be >= 1"), (["--max-rate", "-1"], "--max-rate must be > 0"), (["--substeps", "two"], "--substeps must be 'auto'")):
         assert main(["fit", *argv]) == 2
         assert msg in capsys.readouterr().err
 

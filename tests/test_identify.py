@@ -312,6 +312,13 @@ def test_windows_beyond_free_flight_are_refused(capsys):
         fit_inertia(seg)
     with pytest.raises(FitError, match="max_samples=2000"):
         fit_inertia(seg, max_duration=60, max_samples=2000)
+    # rates in deg/s (a 21 rad/s flip reads 1200): refused before any fit, naming the unit
+    t = np.arange(110) * 0.01
+    w = euler_omega(np.array([1.0, 2.0, 2.9]), np.array([0.3, 21.0, -0.2]), t)
+    with pytest.raises(FitError, match=r"1 window\(s\) spin faster than 50 rad/s.*in deg/s, convert them"):
+        fit_inertia((t, np.degrees(w)))
+    with pytest.raises(FitError, match="max_rate must be a positive number"):
+        fit_inertia((t, w), max_rate=0)
 
 
 def test_bad_input_clear_errors(lamina, tmp_path):

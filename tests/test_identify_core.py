@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy import optimize, stats
 
-from rigidjax.identify import _combine, _lm
+from rigidjax.identify import _combine, _derived, _lm
 
 
 def _linear_problem(M, y):
@@ -126,7 +126,17 @@ def test_cluster_dof_counts_the_windows_that_carry_the_fit():
     assert _combine.cluster_dof(np.ones((1, 10)))[0] == pytest.approx(9.0)
     assert _combine.cluster_dof(np.array([[1.0, 1e-3, -1e-3, 1e-3]]))[0] == pytest.approx(1.0)
     assert _combine.cluster_dof(np.array([[1.0, -1.0, 1e-3, 1e-3, 1e-3]]))[0] == pytest.approx(1.0, abs=1e-3)
-    assert _combine.cluster_dof(np.zeros((1, 4)))[0] == 1.0  # no influence at all: the floor
+    assert np.isnan(_combine.cluster_dof(np.zeros((1, 4)))[0])  # nothing moves it: a fixed scale
+
+
+def test_lower_bounds_of_reported_quantities():
+    """Intervals are cut at what is physically possible: moments, ratios of moments, drag and
+    angles >= 0, ratios of principal moments >= 1, products of inertia unbounded."""
+    for name in ("Ix/Iy", "Iz/Iy", "Ix", "Iy", "Iz", "drag/Iy", "drag_x/Iy", "drag", "misalignment_deg"):
+        assert _derived.lower_bound(name) == 0.0, name
+    assert _derived.lower_bound("Imid/Imin") == _derived.lower_bound("Imax/Imin") == 1.0
+    for name in ("Ixy/Iy", "Ixz/Iy", "Iyz/Iy", "Ixy", "Iyz"):
+        assert _derived.lower_bound(name) == -math.inf, name
 
 
 def test_consistency_names_the_other_body():

@@ -129,6 +129,9 @@ def test_command_line(tmp_path, capsys):
     assert "rigidjax fit-pendulum" in capsys.readouterr().err
     assert main(["fit-pendulum", str(csv), "--mass", "0.5"]) == 2
     assert "go together" in capsys.readouterr().err
+    for g in ("0", "-9.81", "nan"):
+        assert main(["fit-pendulum", str(csv), "--gravity", g]) == 2
+        assert "--gravity must be > 0" in capsys.readouterr().err
     assert main(["fit-pendulum", str(csv), "--axis", "x"]) == 2
     assert "does not swing" in capsys.readouterr().err
 

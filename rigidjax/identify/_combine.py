@@ -130,11 +130,11 @@ def cluster_dof(influence) -> np.ndarray:
     """Degrees of freedom of a cluster-robust variance: ``(sum_g d_g^2)^2 / sum_g d_g^4 - 1``
     per row of ``influence (K, G)``, ``d_g`` cluster ``g``'s first-order shift of an estimate
     (Satterthwaite: ``G - 1`` for equal influences, towards 1 where a few clusters dominate),
-    at least 1."""
+    at least 1; ``nan`` for an estimate no cluster moves (a fixed scale)."""
     d2 = np.asarray(influence, float) ** 2
     with np.errstate(invalid="ignore", divide="ignore"):
         g_eff = d2.sum(1) ** 2 / (d2**2).sum(1)
-    return np.maximum(np.where(np.isfinite(g_eff), g_eff - 1.0, 1.0), 1.0)
+    return np.where(np.isfinite(g_eff), np.maximum(g_eff - 1.0, 1.0), np.nan)
 
 
 def consistency(values: dict, keys) -> tuple[list, dict, dict]:

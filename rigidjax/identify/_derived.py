@@ -57,6 +57,17 @@ def names(spec: Spec, scale) -> list[str]:
     return out
 
 
+def lower_bound(name: str) -> float:
+    """The smallest physically possible value of a reported quantity (``-inf`` for products
+    of inertia): moments, their ratios, drags and angles are non-negative, the ratios of
+    principal moments at least 1."""
+    if name in ("Imid/Imin", "Imax/Imin"):
+        return 1.0
+    if name.startswith("drag") or name == "misalignment_deg" or name.split("/")[0] in ("Ix", "Iy", "Iz"):
+        return 0.0
+    return -math.inf
+
+
 def misalignment_deg(inertia: np.ndarray) -> float:
     """Largest angle (deg) between a principal axis and its nearest sensor axis."""
     _, V = np.linalg.eigh(inertia)

@@ -52,7 +52,7 @@ import numpy as np
 
 from ..io import Segment, load
 from . import _combine, _lm
-from ._derived import FitError, derived_jacobian, names, parse_scale, standard_errors
+from ._derived import FitError, derived_jacobian, lower_bound, names, parse_scale, standard_errors
 from ._model import (
     DRAG_KINDS,
     V_MAX,
@@ -108,8 +108,9 @@ REL_SE_MAX = 0.5
 #: the 69 racquet windows, those on an edge would gain at most 24 % (principal moments) and
 #: 37 % (full tensor + drag).
 EDGE_PUSH = 0.6
-#: Rates above this (rad/s, ~8 rev/s) are beyond a hand throw: a warning names deg/s.
-MAX_PLAUSIBLE_RATE = 50.0
+#: Rates above this (rad/s, ~8 rev/s) are beyond a hand throw (the racquet flips peak at
+#: ~21 rad/s): such a window is refused, naming deg/s, unless ``max_rate`` is raised.
+MAX_RATE = 50.0
 
 _SEVERITY = (
     FitStatus.NONFINITE, FitStatus.MAX_STEPS, FitStatus.STALLED, FitStatus.INCONSISTENT, FitStatus.POOR_FIT,
@@ -452,6 +453,7 @@ def fit_inertia(
     pool: str = "consistent",
     max_duration: float = MAX_DURATION,
     max_samples: int = MAX_SAMPLES,
+    max_rate: float = MAX_RATE,
     reference_check: bool = True,
     progress: Callable | None = None,
 ) -> InertiaFit:
@@ -485,6 +487,8 @@ def fit_inertia(
         max_duration: longest window accepted, s (free flight; a longer torque-free window is
             rarely free flight and its least-squares landscape is rugged).
         max_samples: most samples per window accepted.
+        max_rate: highest angular speed accepted, rad/s (default 50, ~8 rev/s: beyond a hand
+            throw; a window above it is most likely in deg/s).
         reference_check: re-simulate every fitted window with SciPy's DOP853 (see module).
         progress: optional callable ``progress(n_active)`` called after every iteration.
 
@@ -493,7 +497,7 @@ def fit_inertia(
 
     Raises:
         FitError: no windows, bad option values, a window longer than ``max_duration`` or
-            ``max_samples``, a joint fit with fewer measured values than unknowns.
+            ``max_samples`` or faster than ``max_rate``, a joint fit with fewer measured values than unknowns.
             (:class:`rigidjax.io.DataError` for NaN / malformed data.)
 
     Warns:
@@ -511,8 +515,9 @@ def fit_inertia(
             raise FitError(f"{name} must be an integer >= {lo}; got {v!r}")
     if pool not in ("consistent", "all"):
         raise FitError(f"pool must be 'consistent' or 'all'; got {pool!r}")
-    if not (isinstance(max_duration, (int, float)) and max_duration > 0):
-        raise FitError(f"max_duration must be a positive number of seconds; got {max_duration!r}")
+    for name, v, unit in (("max_duration", max_duration, "seconds"), ("max_rate", max_rate, "rad/s")):
+        if not (isinstance(v, (int, float, np.floating)) and not isinstance(v, bool) and math.isfinite(v) and v > 0):
+            raise FitError(f"{name} must be a positive number of {unit}; got {v!r}")
     scale = parse_scale(scale)
     for i, s in enumerate(segs):
         if s.n > max_samples or s.duration > max_duration:
@@ -522,6 +527,15 @@ def fit_inertia(
                 "free flight (a toss: about a second); split the recording into windows (meta/segments.csv) or raise "
                 "the bound (--max-duration / --max-samples) if this really is torque-free motion"
             )
+    peak = [float(np.max(np.linalg.norm(s.omega, axis=1))) if s.n else 0.0 for s in segs]
+    fast = [i for i in range(len(segs)) if peak[i] > max_rate]
+    if fast:
+        i = max(fast, key=lambda j: peak[j])
+        raise FitError(
+            f"{len(fast)} window(s) spin faster than {max_rate:g} rad/s, beyond a hand throw; {_label(segs[i], i)} reaches "
+            f"{peak[i]:.4g} rad/s ({math.degrees(peak[i]):.4g} deg/s). If the rates are in deg/s, convert them to rad/s "
+            "(x pi/180); if the body really spins this fast, raise the bound (max_rate / --max-rate)"
+        )
     spec = Spec(bool(tensor), drag, bool(bias))
     dtype = jnp.result_type(float)
     if jnp.dtype(dtype) != jnp.float64:
@@ -553,15 +567,6 @@ def fit_inertia(
                 f"the rates oscillate about the {'xyz'[swing]} axis alone: a pendulum swing, not free flight (fit it "
                 "with rigidjax.identify.pendulum / `rigidjax fit-pendulum`)"
             )
-    fast = [i for i, s in enumerate(segs) if float(np.max(np.linalg.norm(s.omega, axis=1))) > MAX_PLAUSIBLE_RATE]
-    if fast:
-        top = max(float(np.max(np.linalg.norm(segs[i].omega, axis=1))) for i in fast)
-        warnings.warn(
-            f"fit_inertia: {len(fast)} window(s) reach {top:.0f} rad/s ({top * 180 / math.pi:.0f} deg/s), beyond a hand "
-            f"throw (a tossed body spins at up to ~{MAX_PLAUSIBLE_RATE:g} rad/s): if the rates are in deg/s, convert them "
-            "to rad/s (x pi/180) first",
-            stacklevel=2,
-        )
     wins = np.array([i for i in range(n) if i not in pre and i not in not_free], int)
     k = _initial_substeps(segs, None if substeps == "auto" else substeps)
 
@@ -788,7 +793,7 @@ def _combine_windows(run: _Run, rows, pool: str) -> InertiaFit:
             est[name] = float(np.median(v))
             se_stat[name] = _combine.median_se_stat(e)
             lo, hi, _, method = _combine.window_interval(v)
-            intervals[name] = (lo, hi)
+            intervals[name] = (max(lo, lower_bound(name)), hi)  # never beyond the physically possible
             se_tot[name] = (hi - lo) / (2 * 1.959964)
     status, message = _overall(rows, excluded)
     m_tot = sum(3 * run.segs[i].n for i in pooled)
@@ -952,13 +957,13 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
         dof = _combine.cluster_dof(J @ (np.linalg.pinv(A_p[0]) @ scores.T)[: spec.n_phys])
         for j_, n_ in enumerate(run.names):
             se_tot[n_] = float(np.fmax(se_sw[j_], se[n_]))
-            lo, hi = _combine.t_interval(est[n_], se_tot[n_], dof[j_])
+            lo, hi = _combine.t_interval(est[n_], se_tot[n_], dof[j_] if np.isfinite(dof[j_]) else G_w - 1)
             own = [rows[i]["own"]["estimates"][n_] for i in pooled if rows[i]["own"]["status"] == FitStatus.CONVERGED]
             w_lo, w_hi, _, _ = _combine.window_interval(own)
             if np.isfinite(w_lo) and (w_hi < lo or w_lo > hi):
                 lo, hi = min(lo, w_lo), max(hi, w_hi)
                 widened.append(n_)
-            intervals[n_] = (lo, hi)
+            intervals[n_] = (max(lo, lower_bound(n_)), hi)  # never beyond the physically possible
     theta, _ = phys_theta(xp[:, : spec.n_phys], spec)
     off_w = spec.n_phys + G * n_b
     w0s = xp[0, off_w:].reshape(-1, 3)
@@ -1004,7 +1009,7 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
             bias[sources[g_]] = {"value": xp[0, ob : ob + 3].tolist(), "se": bias_se[ob : ob + 3].tolist()}
     method = (
         f"cluster-robust (sandwich) error over the {G_w} windows, at least the statistical one; Student t with "
-        f"the windows' effective degrees of freedom ({np.min(dof):.1f}-{np.max(dof):.1f} of at most {G_w - 1})"
+        f"the windows' effective degrees of freedom ({np.nanmin(dof):.1f}-{np.nanmax(dof):.1f} of at most {G_w - 1})"
     )
     if widened:
         method += (
@@ -1013,7 +1018,7 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
         )
     combined = dict(
         per.combined, n=len(pooled), windows=pooled, sources=sources, excluded_windows=[rows[i]["name"] for i in excluded_joint],
-        method=method, widened=widened, dof={n_: float(d_) for n_, d_ in zip(run.names, dof)}, sigma=math.sqrt(s2) if math.isfinite(s2) else None, iterations=int(st["it"][0]), bias=bias,
+        method=method, widened=widened, dof={n_: (float(d_) if np.isfinite(d_) else None) for n_, d_ in zip(run.names, dof)}, sigma=math.sqrt(s2) if math.isfinite(s2) else None, iterations=int(st["it"][0]), bias=bias,
     )
     m_tot = sum(3 * run.segs[i].n for i in pooled)
     step_error = {

@@ -197,7 +197,7 @@ def _column(omega, axis, name):
             raise ValueError(
                 f"fit_pendulum: {where}no gyroscope axis swings (axis {_AXES[best]}, with the most rate variance, "
                 f"holds {100 * frac[best]:.1f} % of it and crosses zero {int(cross[best])} times; a swing about a fixed "
-                f"axis needs at least {100 * SWING_SHARE:.0f} % and 3 crossings): not a pendulum window"
+                f"axis needs at least {100 * SWING_SHARE:.0f} % and 3 crossings): not a pendulum window (free flight? `rigidjax fit`)"
             )
         axis = best
     if axis not in (0, 1, 2):
@@ -206,7 +206,7 @@ def _column(omega, axis, name):
         other = (
             f"; the swing is about axis {_AXES[best]} ({100 * frac[best]:.1f} %, {int(cross[best])} crossings): pass "
             f"axis={best} (--axis {_AXES[best]}) or leave the axis to be detected"
-            if best != axis and frac[best] >= SWING_SHARE and cross[best] >= 3 else "; no axis swings: not a pendulum window"
+            if best != axis and frac[best] >= SWING_SHARE and cross[best] >= 3 else "; no axis swings: not a pendulum window (free flight? `rigidjax fit`)"
         )
         raise ValueError(
             f"fit_pendulum: {where}gyroscope axis {_AXES[axis]} does not swing (it holds {100 * frac[axis]:.1f} % of "
@@ -257,7 +257,7 @@ def fit_pendulum(
         raise ValueError("fit_pendulum: need >= 10 finite samples")
     if np.any(np.diff(t) <= 0):
         raise ValueError("fit_pendulum: t must be strictly increasing")
-    for label, v in (("mass", mass), ("distance", distance)):
+    for label, v in (("mass", mass), ("distance", distance), ("gravity", gravity)):
         if v is not None and not (math.isfinite(v) and v > 0):
             raise ValueError(f"fit_pendulum: {label} must be a positive number; got {v!r}")
     p0 = _initial_guess(t, w)
