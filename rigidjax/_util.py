@@ -20,6 +20,25 @@ def where_tree(pred: jax.Array, new, old):
     return jax.tree_util.tree_map(sel, new, old)
 
 
+#: Which stepper takes which model and state (for the messages of :func:`check_kinds`).
+_STEPPER_OF = {
+    "RigidBody": "midpoint_step (or ep_step through an EPModel of it)", "RigidBodyState": "midpoint_step", "EPModel": "ep_step", "EPState": "ep_step",
+    "MechanicalSystem": "vi_step", "VIState": "vi_step",
+}
+
+
+def check_kinds(where: str, model, model_cls: type, state=None, state_cls: type | None = None) -> None:
+    """``TypeError`` naming the stepper that takes what was passed, where ``model`` (or
+    ``state``) is not a ``model_cls`` (``state_cls``)."""
+    for what, value, cls in (("model", model, model_cls), ("state", state, state_cls)):
+        if cls is None or isinstance(value, cls):
+            continue
+        got = type(value).__name__
+        other = _STEPPER_OF.get(got)
+        hint = f": a {got} steps with rigidjax.{other}" if other else ""
+        raise TypeError(f"{where}: {what} must be a rigidjax.{cls.__name__}; got a {got}{hint}")
+
+
 def is_concrete(x) -> bool:
     """True when ``x`` is a concrete value (not a tracer inside jit/grad/vmap)."""
     return not isinstance(x, jax.core.Tracer)

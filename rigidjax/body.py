@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import so3
+from ._util import check_kinds
 
 __all__ = [
     "check_step_inputs",
@@ -288,6 +289,7 @@ class RigidBodyState(eqx.Module):
 def check_step_inputs(body: RigidBody, state: RigidBodyState, wrench, dt, where: str) -> None:
     """Boundary checks shared by the rigid-body steppers (shapes and dtypes are static, so they
     run under ``jit`` too; the value of ``dt`` only where it is concrete)."""
+    check_kinds(where, body, RigidBody, state, RigidBodyState)
     if wrench is not None and (jnp.ndim(wrench) == 0 or jnp.shape(wrench)[-1] != 6):
         raise ValueError(
             f"{where}: wrench must have shape (…, 6) = (force in world N, torque in body N m); got {jnp.shape(wrench)}"

@@ -75,6 +75,7 @@ def _check_axis(tree, n_members: int, name: str, extra: tuple[int, ...] = ()):
             raise ValueError(
                 f"ensemble_rollout: every leaf of {name} needs leading axes {want} "
                 f"(ensemble{', n_steps' if extra else ''}); got a leaf of shape {np.shape(leaf)}"
+                + ("; for one model shared by every member pass model_batched=False" if name == "models" else "")
             )
 
 
@@ -228,7 +229,7 @@ def ensemble_rollout(
     Differentiable (``jax.grad`` through it gives per-member gradients summed as usual);
     jit-able around it as well (the sharding then comes from the inner ``shard_map``).
     """
-    dt_arr, n = check_dt(dt, n_steps)
+    dt_arr, n = check_dt(dt, n_steps, states0)
     E = ensemble_size(states0)
     if model_batched:
         _check_axis(models, E, "models")

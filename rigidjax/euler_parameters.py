@@ -79,7 +79,7 @@ import numpy as np
 
 from . import so3
 from ._util import (
-    is_concrete, materialize, materialize_chunks, partial_jvp, static_zero, static_zeros, sum_nonzero, unwrap_partial, where_tree,
+    check_kinds, is_concrete, materialize, materialize_chunks, partial_jvp, static_zero, static_zeros, sum_nonzero, unwrap_partial, where_tree,
 )
 from .body import RigidBody
 from .info import Status, StepInfo, check, make_info
@@ -805,6 +805,7 @@ def ep_step(
         raise ValueError(f"torque_frame must be 'body' or 'world'; got {torque_frame!r}")
     if int(max_iterations) < 1:
         raise ValueError(f"max_iterations must be >= 1; got {max_iterations}")
+    check_kinds("ep_step", model, EPModel, state, EPState)
     _check_state_shape(model, state)
     dtype = state.coordinates.dtype
     rtol = _default_tol(dtype) if rtol is None else float(rtol)

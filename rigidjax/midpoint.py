@@ -593,13 +593,9 @@ def unpack_state(carry: MidpointCarry, like: RigidBodyState) -> RigidBodyState:
     )
 
 
-def _valid_inputs(body, dt, batch):
-    """Per member: ``dt > 0``, ``mass > 0`` and a positive definite inertia (leading minors).
-
-    The run-time counterpart of the boundary checks, for values traced under ``jit`` (e.g. an
-    inertia being fitted); depends on the model and ``dt`` only, so XLA hoists it out of a scan.
-    """
-    J = body.inertia
+def _leading_minors_positive(J):
+    """``True`` where the symmetric ``J (…, 3, 3)`` is positive definite (Sylvester: leading
+    minors, closed form; no LAPACK inside a step)."""
     m1 = J[..., 0, 0]
     m2 = J[..., 0, 0] * J[..., 1, 1] - J[..., 0, 1] * J[..., 1, 0]
     m3 = (
@@ -607,7 +603,28 @@ def _valid_inputs(body, dt, batch):
         - J[..., 0, 1] * (J[..., 1, 0] * J[..., 2, 2] - J[..., 1, 2] * J[..., 2, 0])
         + J[..., 0, 2] * (J[..., 1, 0] * J[..., 2, 1] - J[..., 1, 1] * J[..., 2, 0])
     )
-    ok = (dt > 0) & (body.mass > 0) & (m1 > 0) & (m2 > 0) & (m3 > 0)
+    return (m1 > 0) & (m2 > 0) & (m3 > 0)
+
+
+def _valid_inputs(body, dt, batch):
+    """Per member: ``dt > 0``, ``mass > 0`` and a physical inertia: positive definite and
+    obeying the triangle inequality ``I_i + I_j >= I_k``.
+
+    The triangle inequality without an eigen-decomposition: the second-moment matrix
+    ``tr(J)/2 I - J`` (eigenvalues ``(I_i + I_j - I_k)/2``) is positive semidefinite; shifted by
+    ``rtol tr(J)/2`` it is positive definite, so a thin-plate equality within round-off stays
+    valid. ``rtol = max(1e-6, 64 eps)``, looser than :func:`rigidjax.body.check_inertia`'s
+    1e-9: a traced inertia may have been rounded to float32 (relative error ~1e-7) before a
+    float64 body received it.
+
+    The run-time counterpart of the boundary checks, for values traced under ``jit`` (e.g. an
+    inertia being fitted); depends on the model and ``dt`` only, so XLA hoists it out of a scan.
+    """
+    J = body.inertia
+    half = 0.5 * (J[..., 0, 0] + J[..., 1, 1] + J[..., 2, 2])
+    rtol = max(1e-6, 64 * float(jnp.finfo(J.dtype).eps))
+    second = ((1 + rtol) * half)[..., None, None] * jnp.eye(3, dtype=J.dtype) - J
+    ok = (dt > 0) & (body.mass > 0) & _leading_minors_positive(J) & _leading_minors_positive(second)
     return jnp.broadcast_to(ok, jnp.broadcast_shapes(jnp.shape(ok), batch))
 
 
@@ -698,7 +715,8 @@ def midpoint_step(
         ``(new_state, info)``. ``info.rotation`` is ``max(|omega|, |omega'|) * dt``;
         ``info.iterations`` is 1. If the new state is not finite the input state is returned
         unchanged with ``Status.NONFINITE``; where values traced under ``jit`` are out of range
-        (``dt <= 0``, ``mass <= 0``, inertia not positive definite) it is returned unchanged with
+        (``dt <= 0``, ``mass <= 0``, inertia not positive definite or violating the triangle
+        inequality) it is returned unchanged with
         ``Status.INVALID_INPUT``.
     """
     if attitude not in ("new", "midpoint"):

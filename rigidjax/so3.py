@@ -7,9 +7,10 @@ Composition ``q_wb ⊗ exp(phi)`` turns the body by ``phi`` given in the BODY fr
 
 Every function broadcasts over leading batch axes and follows the input dtype.
 Gradients are finite everywhere, including at zero rotation and at a half turn.
-Products, rotations, matrices, exponential and logarithm come from
+Products, rotations, matrices and the exponential come from
 `jaxlie <https://github.com/brentyi/jaxlie>`_; what jaxlie lacks (hat/vee with
-batch axes, safe angles, Tait-Bryan angles, the G matrices) is written here.
+batch axes, safe angles, Tait-Bryan angles, the G matrices, a logarithm whose derivative
+is right at a half turn) is written here.
 
 References: J. Solà, "Quaternion kinematics for the error-state Kalman filter" (2017);
 J. Peraire, S. Widnall, MIT 16.07 lecture notes (2009).
@@ -108,11 +109,23 @@ def log(q: jax.Array) -> jax.Array:
     """Logarithm: unit quaternion (…, 4) to the rotation vector (…, 3), angle in [0, pi].
 
     ``exp(log(q))`` equals ``q`` up to sign (``q`` and ``-q`` are the same rotation).
+    ``log = 2 atan2(|v|, w) v / |v|`` for ``q = [w, v]``, smooth through a half turn
+    (``w = 0``) and with its Taylor series ``(2 / w - 2 |v|^2 / (3 w^3)) v`` where ``|v|^2``
+    is below the dtype's eps. Written here rather than taken from jaxlie: jaxlie replaces
+    the factor by the constant ``pi / |v|`` where ``|w| < eps``, which zeroes its derivative
+    at a half turn (``d log(exp(v)) / dv`` at ``v = [pi, 0, 0]`` gave 0 instead of 1 along
+    the axis).
     """
     q = jnp.asarray(q)
     # take the shortest arc, so the angle is in [0, pi]
     q = jnp.where(q[..., :1] < 0, -q, q)
-    return _so3(q).log()
+    w, v = q[..., 0], q[..., 1:]
+    n2 = jnp.sum(v * v, axis=-1)
+    small = n2 < jnp.finfo(q.dtype).eps
+    n = jnp.sqrt(jnp.where(small, 1.0, n2))  # double where: finite gradients in both branches
+    w_s = jnp.where(small, w, 1.0)  # w ~ 1 where |v| is small
+    factor = jnp.where(small, 2 / w_s - (2 / 3) * n2 / w_s**3, 2 * jnp.arctan2(n, w) / n)
+    return factor[..., None] * v
 
 
 def hat(w: jax.Array) -> jax.Array:

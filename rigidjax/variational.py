@@ -63,7 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._util import is_concrete, where_tree
+from ._util import check_kinds, is_concrete, where_tree
 from .info import Status, StepInfo, make_info
 from .linalg import lu_factor_small, lu_solve_small, solve_small
 from .linalg import singular as linalg_singular
@@ -804,6 +804,7 @@ def vi_step(
     residual (``jax.lax.custom_root``); they are independent of the iteration count and never
     differentiate the Newton loop. Gradients through a failed step are not meaningful.
     """
+    check_kinds("vi_step", system, MechanicalSystem)
     _check_vi_state(state)
     dtype = state.q.dtype
     _check_last(state.q, system.n_config, "vi_step: state.q")

@@ -202,8 +202,8 @@ def test_failed_member_and_shared_loads_gradients():
 
 def test_traced_inputs_out_of_range_are_flagged():
     """Values traced under jit cannot be checked at the boundary: dt <= 0, mass <= 0 and an
-    inertia that is not positive definite give Status.INVALID_INPUT (state unchanged), and a
-    checked rollout raises at run time."""
+    inertia that is not positive definite or violates the triangle inequality give
+    Status.INVALID_INPUT (state unchanged), and a checked rollout raises at run time."""
     body = rj.RigidBody(1.0, [1.0, 2.0, 2.5])
     s = rj.RigidBodyState(angular_velocity=jnp.array([0.1, 2.0, 0.0]))
     run = jax.jit(lambda m, J, dt: rj.rollout(rj.midpoint_step, rj.RigidBody(m, J), s, dt, 3))
@@ -213,6 +213,14 @@ def test_traced_inputs_out_of_range_are_flagged():
         tr = run(m, J, dt)
         assert (np.asarray(tr.info.status) == Status.INVALID_INPUT).all()
         np.testing.assert_array_equal(np.asarray(tr.states.angular_velocity[-1]), np.asarray(s.angular_velocity))
+    # the triangle inequality, traced: I_z > I_x + I_y (no mass distribution has it) is flagged;
+    # a thin plate (equality), also rotated so that round-off blurs it, stays valid
+    tr = run(1.0, jnp.diag(jnp.array([1.0, 2.0, 3.5])), 0.01)
+    assert (np.asarray(tr.info.status) == Status.INVALID_INPUT).all()
+    Q = np.linalg.qr(np.random.default_rng(0).normal(size=(3, 3)))[0]
+    for J in (jnp.diag(jnp.array([1.0, 2.0, 3.0])), jnp.asarray(Q @ np.diag([1.0, 2.0, 3.0]) @ Q.T)):
+        assert (np.asarray(run(1.0, J, 0.01).info.status) == Status.SUCCESS).all()
+        assert (np.asarray(run(1.0, J.astype(jnp.float32), jnp.float32(0.01)).info.status) == Status.SUCCESS).all()
     with pytest.raises(Exception, match="failed"):
         jax.jit(lambda dt: rj.rollout(rj.midpoint_step, body, s, dt, 3, checked=True).states.time)(-0.01).block_until_ready()
     with pytest.raises(ValueError, match="wrench has batch shape"):

@@ -180,3 +180,23 @@ def test_shared_model_with_array_static_field_falls_back_to_no_cache():
     for m in models:
         got = ensemble_rollout(step, m, st, 0.01, 5, model_batched=False, devices=jax.devices()[:1])
         np.testing.assert_allclose(np.asarray(got.states.angular_velocity), np.asarray(ref.states.angular_velocity), rtol=0, atol=1e-15)
+
+
+def test_dt_of_any_float_kind_compiles_once(caplog):
+    """``dt`` as a Python float, a NumPy float64 and a float64 array: one compiled ensemble
+    program (JAX's cache key includes the weak type of a Python float; the rollout casts
+    ``dt`` to the state's time dtype first). Counted from JAX's compile log: programs that
+    take the ensemble's (4, 3, 3) inertia."""
+    import logging
+
+    body = rj.RigidBody(jnp.ones(4), jnp.tile(jnp.diag(jnp.array([1.0, 2.0, 3.0])), (4, 1, 1)))
+    states = rj.RigidBodyState(
+        time=jnp.zeros(4), position=jnp.zeros((4, 3)), orientation=jnp.tile(jnp.array([1.0, 0, 0, 0]), (4, 1)),
+        velocity=jnp.zeros((4, 3)), angular_velocity=jnp.tile(jnp.array([0.1, 2.0, 0.0]), (4, 1)),
+    )
+    n_steps = 7  # a step count no other test uses: no program from before in the cache
+    with jax.log_compiles(True), caplog.at_level(logging.WARNING):
+        for dt in (0.01, np.float64(0.02), jnp.asarray(0.03, jnp.float64), 0.04):
+            rj.ensemble_rollout(rj.midpoint_step, body, states, dt, n_steps).states.time.block_until_ready()
+    programs = [r for r in caplog.records if r.getMessage().startswith("Compiling") and "float64[4,3,3]" in r.getMessage()]
+    assert len(programs) == 1, [r.getMessage()[:120] for r in programs]

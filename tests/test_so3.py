@@ -106,3 +106,26 @@ def test_dtype_follows_input():
     assert so3.exp(phi).dtype == jnp.float32
     assert so3.log(so3.exp(phi)).dtype == jnp.float32
     assert so3.to_tait_bryan_xyz(so3.exp(phi)).dtype == jnp.float32
+
+
+@pytest.mark.parametrize("offset", [-1e-7, 0.0, 1e-7], ids=["below", "at", "above"])
+def test_log_derivative_at_a_half_turn(offset):
+    """``log(exp(v))`` is ``v`` below a half turn and the antipodal vector ``v - 2 pi v/|v|``
+    above it: along the axis its derivative is 1 on both sides and at the half turn itself
+    (jaxlie's constant factor there gave 0). Checked against the closed form and a central
+    difference along the axis (step 1e-8 rad, inside the 1e-7 offset; the round trip's
+    round-off / h ~ 3e-8). An attitude-error loss ``|log(exp(v))|^2`` has the gradient
+    ``2 log`` along the axis (its closed form) at all three points."""
+    a = np.pi + offset
+    v = jnp.array([a, 0.0, 0.0])
+    J = np.asarray(jax.jacfwd(lambda p: so3.log(so3.exp(p)))(v))
+    np.testing.assert_allclose(J[:, 0], [1.0, 0.0, 0.0], atol=1e-9)
+    side = 1.0 if a <= np.pi else -1.0  # transverse: identity below, -1 (antipode) above
+    np.testing.assert_allclose(np.diag(J)[1:], [side, side], atol=1e-6)
+    if offset:  # at exactly pi a central difference straddles the antipodal jump
+        h = 1e-8
+        fd = (so3.log(so3.exp(v.at[0].add(h / 2)))[0] - so3.log(so3.exp(v.at[0].add(-h / 2)))[0]) / h
+        assert float(fd) == pytest.approx(1.0, abs=1e-6)
+    loss = lambda p: jnp.sum(so3.log(so3.exp(p)) ** 2)  # noqa: E731
+    g = np.asarray(jax.grad(loss)(v))
+    np.testing.assert_allclose(g, 2 * np.asarray(so3.log(so3.exp(v))), atol=1e-9)
