@@ -172,3 +172,11 @@ def test_chart_jacobian_matches_central_differences():
         b[0, j] -= h
         fd[0, :, j] = (chart_theta(a, R_ref, spec)[0] - chart_theta(b, R_ref, spec)[0])[0] / (2 * h)
     np.testing.assert_allclose(T, fd, atol=1e-8)
+
+
+def test_median_se_of_a_fixed_value_is_zero():
+    """A value fixed in every window (a given scale) has no error, per window as in a joint fit;
+    nan only where no window has a finite error."""
+    assert _combine.median_se_stat([0.0, 0.0, 0.0]) == 0.0
+    assert np.isnan(_combine.median_se_stat([np.nan, np.inf]))
+    assert _combine.median_se_stat([0.1, 0.1]) == pytest.approx(1.2533 * 0.1 / math.sqrt(2))

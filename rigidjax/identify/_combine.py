@@ -80,9 +80,13 @@ def median_interval(values, level: float = 0.95):
 
 def median_se_stat(se) -> float:
     """Statistical 1-sigma of a median of estimates with errors ``se`` (noise only):
-    ``1.2533 / sqrt(sum 1/se^2)`` (the median's efficiency for normal errors)."""
+    ``1.2533 / sqrt(sum 1/se^2)`` (the median's efficiency for normal errors); 0 for a value
+    fixed in every window (a given scale), as a joint fit reports it."""
     se = np.asarray(se, float)
-    se = se[np.isfinite(se) & (se > 0)]
+    se = se[np.isfinite(se)]
+    if se.size and np.all(se == 0):
+        return 0.0
+    se = se[se > 0]
     if se.size == 0:
         return float("nan")
     return float(1.2533 / math.sqrt(np.sum(1.0 / se**2)))
