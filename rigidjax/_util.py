@@ -22,8 +22,12 @@ def where_tree(pred: jax.Array, new, old):
 
 #: Which stepper takes which model and state (for the messages of :func:`check_kinds`).
 _STEPPER_OF = {
-    "RigidBody": "midpoint_step (or ep_step through an EPModel of it)", "RigidBodyState": "midpoint_step", "EPModel": "ep_step", "EPState": "ep_step",
-    "MechanicalSystem": "vi_step", "VIState": "vi_step",
+    "RigidBody": "midpoint_step (or ep_step through an EPModel of it)",
+    "RigidBodyState": "midpoint_step",
+    "EPModel": "ep_step",
+    "EPState": "ep_step",
+    "MechanicalSystem": "vi_step",
+    "VIState": "vi_step",
 }
 
 
