@@ -6,6 +6,10 @@ import functools
 import operator
 
 import jax
+import jax.extend.core
+import jax.interpreters.ad
+import jax.interpreters.batching
+import jax.interpreters.mlir
 import jax.numpy as jnp
 
 
@@ -52,7 +56,6 @@ def is_concrete(x) -> bool:
 MATERIALIZE_MAX = 32
 
 
-@jax.custom_jvp
 def materialize(*xs):
     """Identity on arrays of one shape, computed as ONE multi-output XLA loop.
 
@@ -62,21 +65,29 @@ def materialize(*xs):
     over a padded axis of length 2 (``x + (-0.0)``, exact for every value incl. ``-0.0``,
     inf, NaN) is emitted as a single loop with one output per array, sharing every
     intermediate. ``optimization_barrier`` does not help: XLA:CPU expands it before fusion.
-    Tangents pass straight through (custom JVP), so ``grad`` and ``vmap`` are unaffected.
+
+    It is a primitive of its own (``rigidjax_materialize``) whose JVP passes tangents
+    straight through (symbolic zeros stay symbolic), so derivatives of every order and mode
+    and ``vmap`` see an identity. Why not a ``custom_jvp``: inside ``lax.scan``, reverse
+    mode inlines a custom JVP's primal before an outer derivative sees it, and the raw
+    ``reduce``'s own JVP rule fails when only some of its operands carry tangents (any
+    Hessian of a midpoint rollout did).
 
     At most :data:`MATERIALIZE_MAX` arrays go into one loop (more are split into several
     loops): LLVM stops vectorising such a loop above 32 outputs (measured, float64 AVX2:
     2.7 ns per output element at 32, 9-18 ns at 40-90, i.e. scalar code).
     """
     shape = jnp.broadcast_shapes(*(jnp.shape(x) for x in xs))
-    xs = [jnp.broadcast_to(x, shape) for x in xs]
+    xs = [jnp.broadcast_to(jnp.asarray(x), shape) for x in xs]
     if len(xs) > MATERIALIZE_MAX:
         k = -(-len(xs) // -(-len(xs) // MATERIALIZE_MAX))  # equal chunks of <= MATERIALIZE_MAX
-        return sum((_materialize_one(xs[i : i + k], shape) for i in range(0, len(xs), k)), ())
-    return _materialize_one(xs, shape)
+        return sum((tuple(_materialize_p.bind(*xs[i : i + k])) for i in range(0, len(xs), k)), ())
+    return tuple(_materialize_p.bind(*xs))
 
 
-def _materialize_one(xs, shape):
+def _materialize_loop(*xs):
+    """The one-loop identity (a variadic ``reduce`` over a padded axis of length 2)."""
+    shape = jnp.shape(xs[0])
     nz = [jnp.full((), -0.0, x.dtype) for x in xs]
     ops = [jnp.stack([x, jnp.broadcast_to(z, shape)], -1) for x, z in zip(xs, nz)]
     return tuple(
@@ -84,10 +95,75 @@ def _materialize_one(xs, shape):
     )
 
 
-@materialize.defjvp
-def materialize_jvp(primals, tangents):
-    shape = jnp.broadcast_shapes(*(jnp.shape(x) for x in primals))
-    return materialize(*primals), tuple(jnp.broadcast_to(t, shape) for t in tangents)
+def _materialize_batch(args, dims):
+    size = next(jnp.shape(a)[d] for a, d in zip(args, dims) if d is not None)
+    args = [
+        jnp.moveaxis(a, d, 0) if d is not None else jnp.broadcast_to(a, (size, *jnp.shape(a)))
+        for a, d in zip(args, dims)
+    ]
+    return _materialize_p.bind(*args), [0] * len(args)
+
+
+def _materialize_jvp(primals, tangents):
+    return _materialize_p.bind(*primals), list(tangents)
+
+
+_materialize_p = jax.extend.core.Primitive("rigidjax_materialize")
+_materialize_p.multiple_results = True
+_materialize_p.def_impl(lambda *xs: jax.jit(_materialize_loop)(*xs))
+_materialize_p.def_abstract_eval(lambda *avals: list(avals))
+jax.interpreters.mlir.register_lowering(
+    _materialize_p, jax.interpreters.mlir.lower_fun(_materialize_loop, multiple_results=True)
+)
+jax.interpreters.batching.primitive_batchers[_materialize_p] = _materialize_batch
+jax.interpreters.ad.primitive_jvps[_materialize_p] = _materialize_jvp
+
+
+def derivative_only(x):
+    """Zero with the derivative of ``x``: ``x - stop_gradient(x)`` whose value is an exact
+    zero XLA knows of, so everything that only feeds it is dead code until it is
+    differentiated (see :func:`custom_root`). Same shape, dtype and pytree as ``x``."""
+    return jax.tree_util.tree_map(_derivative_only_p.bind, x)
+
+
+_derivative_only_p = jax.extend.core.Primitive("rigidjax_derivative_only")
+_derivative_only_p.def_impl(jnp.zeros_like)
+_derivative_only_p.def_abstract_eval(lambda aval: aval)
+jax.interpreters.mlir.register_lowering(
+    _derivative_only_p, jax.interpreters.mlir.lower_fun(jnp.zeros_like, multiple_results=False)
+)
+jax.interpreters.batching.primitive_batchers[_derivative_only_p] = lambda a, d: (_derivative_only_p.bind(a[0]), d[0])
+jax.interpreters.ad.primitive_jvps[_derivative_only_p] = lambda p, t: (_derivative_only_p.bind(p[0]), t[0])
+
+
+def custom_root(f, z0, solve, tangent_solve):
+    """:func:`jax.lax.custom_root` (``has_aux=True``) whose solution is differentiable to
+    second order in every mode, reverse over reverse included.
+
+    ``custom_root`` gives derivatives of the converged solution by the implicit function
+    theorem, but an outer reverse pass over an inner one (``jacrev(jacrev)`` of a rollout)
+    meets the solve itself: inside ``lax.scan``, linearisation inlines the primal, and the
+    Newton ``while_loop`` cannot be transposed. So the solution leaves the solve as
+    ``z* - derivative_only(tangent_solve(f'(z*), f(z*)))`` with ``z*`` the Newton iterate,
+    computed from stopped inputs: the value is exactly ``z*`` (the correction term compiles away), and its
+    derivative is the implicit one, ``-f_z^-1 f_theta``, written in ordinary operations. That
+    first derivative is all a Hessian needs from the solution (the second comes from
+    differentiating the linear solve of the inner pass). ``solve(f, z0) -> (z, aux)`` and
+    ``tangent_solve(g, y)`` are those of :func:`jax.lax.custom_root`.
+    """
+
+    def solve_then_mark(f, z0):
+        # the iteration sees every closed-over value stopped: where the solve is inlined, an
+        # outer derivative would otherwise differentiate the whole while_loop (only to drop
+        # it: an Euler-parameter Hessian compiled 10 minutes) rather than skip it
+        loop, closed = jax.closure_convert(lambda z: solve(f, z), z0)
+        z, aux = loop(jax.lax.stop_gradient(z0), *(jax.lax.stop_gradient(c) for c in closed))
+        z = jax.lax.stop_gradient(z)
+        r, lin = jax.linearize(f, z)  # traced once, whatever tangent_solve evaluates
+        correction = tangent_solve(lin, r)
+        return jax.tree_util.tree_map(lambda a, c: a - derivative_only(c), z, correction), aux
+
+    return jax.lax.custom_root(f, z0, solve_then_mark, tangent_solve, has_aux=True)
 
 
 def materialize_chunks(*xs, size: int):

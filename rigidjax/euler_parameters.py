@@ -58,9 +58,10 @@ followed by a simplified-Newton update with the same LU factors (Shamanskii's me
 :mod:`rigidjax.variational`; Exudyn's modified Newton likewise reuses its Jacobian): cubic
 convergence per iteration matrix, and the convergence test measures the error the Newton
 update left, so a step from the previous step's accelerations needs one iteration matrix. The solve is wrapped
-in :func:`jax.lax.custom_root`, so derivatives of a step are those of the converged solution
-(implicit function theorem), never of the truncated iteration, and reverse mode never
-differentiates the ``while_loop``. Non-convergence, a singular iteration matrix or a
+in :func:`jax.lax.custom_root` (through ``rigidjax._util.custom_root``), so derivatives of a
+step are those of the converged solution (implicit function theorem), never of the truncated
+iteration, and no mode differentiates the ``while_loop``, second derivatives (``jax.hessian``,
+reverse over reverse) included. Non-convergence, a singular iteration matrix or a
 non-finite result return the INPUT state with the failure status (per ensemble member
 under ``vmap``).
 
@@ -79,7 +80,7 @@ import numpy as np
 
 from . import so3
 from ._util import (
-    check_kinds, is_concrete, materialize, materialize_chunks, partial_jvp, static_zero, static_zeros, sum_nonzero, unwrap_partial, where_tree,
+    check_kinds, custom_root, is_concrete, materialize, materialize_chunks, partial_jvp, static_zero, static_zeros, sum_nonzero, unwrap_partial, where_tree,
 )
 from .body import RigidBody
 from .info import Status, StepInfo, check, make_info
@@ -909,7 +910,7 @@ def ep_step(
         return solve_small(jax.jacfwd(g)(y), y)
 
     z0 = jnp.concatenate([qtt0.reshape(-1), lam0, jnp.zeros((n_mu,), dtype)])
-    z, aux = jax.lax.custom_root(residual, z0, newton, tangent_solve, has_aux=True)
+    z, aux = custom_root(residual, z0, newton, tangent_solve)
     aux = jax.lax.stop_gradient(aux)
     iterations, status, res = aux[0].astype(jnp.int32), aux[1].astype(jnp.int32), aux[2]
     qtt1, a1, q1, v1, lam1 = unpack(z)
@@ -1344,7 +1345,7 @@ def _packed_ep_step(
         return tuple(x[..., k] for k in range(n_unknowns))
 
     z0 = (*qtt0, lam0) + ((jnp.zeros_like(lam0),) if with_mu else ())
-    z, aux = jax.lax.custom_root(full, z0, newton, tangent_solve, has_aux=True)
+    z, aux = custom_root(full, z0, newton, tangent_solve)
     aux = jax.lax.stop_gradient(aux)
     iterations, status, res = aux[0].astype(jnp.int32), aux[1].astype(jnp.int32), aux[2]
 

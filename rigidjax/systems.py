@@ -588,7 +588,7 @@ def _quat_angle(a, b):
 def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, max_iter, forcing_split, max_rotation):
     """:func:`rigidjax.variational.vi_step` on a :class:`VICarry` of a free rigid body; members
     where ``active`` is False keep their input state. Returns ``(carry, info)``."""
-    from ._util import materialize, materialize_chunks, partial_jvp, static_zero
+    from ._util import custom_root, materialize, materialize_chunks, partial_jvp, static_zero
     from .info import Status, make_info
     from .linalg import lu_solve_components, singular, solve_components, solve_small
     from .variational import _default_tol
@@ -701,7 +701,7 @@ def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, m
         return tuple(x[..., k] for k in range(8))
 
     z0 = materialize(*(q1[i] + h * qd1[i] for i in range(7))) + (lam1,)
-    z, aux = jax.lax.custom_root(full, z0, newton, tangent_solve, has_aux=True)
+    z, aux = custom_root(full, z0, newton, tangent_solve)
     aux = jax.lax.stop_gradient(aux)
     iterations = aux[0].astype(jnp.int32)
     converged, sing, nonfinite = aux[1] > 0.5, aux[2] > 0.5, aux[3] > 0.5
