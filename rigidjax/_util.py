@@ -79,6 +79,15 @@ def materialize(*xs):
     """
     shape = jnp.broadcast_shapes(*(jnp.shape(x) for x in xs))
     xs = [jnp.broadcast_to(jnp.asarray(x), shape) for x in xs]
+    floats = [x.dtype for x in xs if jnp.issubdtype(x.dtype, jnp.inexact)]
+    if len(set(floats)) > 1:  # XLA's variadic reduce takes one float width: a loop per width
+        group = [x.dtype if jnp.issubdtype(x.dtype, jnp.inexact) else floats[0] for x in xs]
+        out = [None] * len(xs)
+        for dt in set(floats):
+            idx = [i for i, g in enumerate(group) if g == dt]
+            for i, y in zip(idx, materialize(*(xs[i] for i in idx))):
+                out[i] = y
+        return tuple(out)
     if len(xs) > MATERIALIZE_MAX:
         k = -(-len(xs) // -(-len(xs) // MATERIALIZE_MAX))  # equal chunks of <= MATERIALIZE_MAX
         return sum((tuple(_materialize_p.bind(*xs[i : i + k])) for i in range(0, len(xs), k)), ())
@@ -117,6 +126,7 @@ jax.interpreters.mlir.register_lowering(
 )
 jax.interpreters.batching.primitive_batchers[_materialize_p] = _materialize_batch
 jax.interpreters.ad.primitive_jvps[_materialize_p] = _materialize_jvp
+jax.interpreters.ad.primitive_transposes[_materialize_p] = lambda cts, *xs: list(cts)  # the identity
 
 
 def derivative_only(x):
@@ -134,6 +144,8 @@ jax.interpreters.mlir.register_lowering(
 )
 jax.interpreters.batching.primitive_batchers[_derivative_only_p] = lambda a, d: (_derivative_only_p.bind(a[0]), d[0])
 jax.interpreters.ad.primitive_jvps[_derivative_only_p] = lambda p, t: (_derivative_only_p.bind(p[0]), t[0])
+# as a linear map its value is the zero map, whose transpose is zero
+jax.interpreters.ad.primitive_transposes[_derivative_only_p] = lambda ct, x: [jax.interpreters.ad.Zero(x.aval)]
 
 
 def custom_root(f, z0, solve, tangent_solve):

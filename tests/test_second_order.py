@@ -163,3 +163,16 @@ def test_custom_root_value_is_the_iterate_and_derivatives_are_implicit():
     assert float(jax.grad(in_scan)(theta)) == pytest.approx(d1, rel=1e-14)
     for name, mode in MODES.items():
         assert float(mode(in_scan)(theta)) == pytest.approx(d2, rel=1e-13), name
+
+
+def test_the_primitives_transpose_and_take_mixed_precisions():
+    """``materialize`` is the identity and ``derivative_only`` the zero map as linear maps
+    (``jax.linear_transpose``), and ``materialize`` takes float widths side by side."""
+    from rigidjax._util import derivative_only, materialize
+
+    x = jnp.arange(3.0)
+    (t,) = jax.jit(jax.linear_transpose(lambda u: materialize(u, 2 * u)[1] + derivative_only(u), x))(jnp.ones(3))
+    np.testing.assert_array_equal(t, 2 * np.ones(3))
+    a, b, i = jax.jit(materialize)(jnp.ones(3, jnp.float32), jnp.full(3, -0.0, jnp.float16), jnp.arange(3))
+    assert (a.dtype, b.dtype, i.dtype) == (jnp.float32, jnp.float16, jnp.arange(3).dtype)
+    assert np.all(np.signbit(np.asarray(b))) and np.array_equal(np.asarray(i), np.arange(3))
