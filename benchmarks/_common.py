@@ -138,7 +138,7 @@ def midpoint_step_lu(body, state, wrench, dt, *, attitude="new", max_rotation=0.
     import jax.numpy as jnp
 
     from rigidjax import so3
-    from rigidjax._util import where_tree
+    from rigidjax.numerics import where_tree
     from rigidjax.info import Status, make_info
     from rigidjax.midpoint import gyroscopic_term, step_matrix
 
@@ -173,7 +173,7 @@ def ensemble_fn(name: str, n_bodies: int, n_steps: int, dtype):
     itself (sharded over ``jax.devices()``, the shared model compiled in as a constant).
     ``"<name>-traced"``: the model is an argument of the jitted
     function (as in a parameter fit), so the steps see no structural zeros in it (zero
-    resistance, diagonal inertia: :func:`rigidjax._util.static_zeros`); otherwise it is a
+    resistance, diagonal inertia: :func:`rigidjax.numerics.static_zeros`); otherwise it is a
     constant of the compiled program, as in a plain simulation.
     ``drift(states)`` is the max relative energy drift over members
     and time, computed apart (untimed: an energy evaluation is not simulation work, and for

@@ -19,9 +19,9 @@ from .body import (
     linear_momentum,
 )
 from .info import Status, StepFailure, StepInfo, check
-from .midpoint import gyroscopic_jacobian, gyroscopic_term, midpoint_step
+from .midpoint import Midpoint, gyroscopic_jacobian, gyroscopic_term, midpoint_step
 from .rollout import Trajectory, rollout
-from . import adjoint, euler_parameters, inertia, identify, io, linalg, lqr, reference, synthetic, systems, variational
+from . import euler_parameters, inertia, identify, io, linalg, lqr, reference, synthetic, systems, variational
 from .ensemble import ensemble_rollout
 from .euler_parameters import (
     EPModel,
@@ -58,6 +58,7 @@ __all__ = [
     "gyroscopic_jacobian",
     "gyroscopic_term",
     "midpoint_step",
+    "Midpoint",
     "Trajectory",
     "rollout",
     "ensemble_rollout",

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import so3
-from ._util import check_kinds
+from .numerics import check_kinds
 
 __all__ = [
     "check_step_inputs",

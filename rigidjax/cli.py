@@ -14,84 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["main", "simulate_midpoint"]
+from .scenarios import STEPPERS, racquet_flip
 
-STEPPERS = ("midpoint", "ep", "vi")
+__all__ = ["main", "build_parser"]
 
-
-def simulate_midpoint(dt: float, t_end: float, attitude: str = "midpoint"):
-    """Default scenario with the midpoint step: the tennis-racket flip.
-
-    Body ``mass = 1 kg``, principal moments ``(1, 2, 3) kg m^2``, torque-free, body rate
-    ``omega0 = (0.01, 2, 0) rad/s`` (near the intermediate axis). Returns ``(t (n,),
-    columns dict, summary dict)``; raises :class:`rigidjax.StepFailure` if a step fails.
-    """
-    from functools import partial
-
-    import jax.numpy as jnp
-
-    import rigidjax as rj
-
-    body = rj.RigidBody(1.0, [1.0, 2.0, 3.0])
-    s0 = rj.RigidBodyState(angular_velocity=[0.01, 2.0, 0.0])
-    n = int(round(t_end / dt))
-    tr = rj.rollout(partial(rj.midpoint_step, attitude=attitude), body, s0, dt, n, checked=True)
-    st = tr.states
-    E = np.asarray(rj.kinetic_energy(body, st))
-    L = np.linalg.norm(np.asarray(rj.angular_momentum(body, st)), axis=-1)
-    cols = {
-        "t": np.asarray(st.time),
-        **{k: np.asarray(st.position[:, i]) for i, k in enumerate("xyz")},
-        **{k: np.asarray(st.orientation[:, i]) for i, k in enumerate(["qw", "qx", "qy", "qz"])},
-        **{k: np.asarray(st.angular_velocity[:, i]) for i, k in enumerate(["wx", "wy", "wz"])},
-    }
-    summary = {
-        "energy_drift": float(np.abs(E / E[0] - 1).max()),
-        "angular_momentum_drift": float(np.abs(L / L[0] - 1).max()),
-        "max_rotation_per_step": float(jnp.max(tr.info.rotation)),
-        "steps": float(n),
-    }
-    return cols["t"], cols, summary
-
-
-def _scenario(stepper: str):
-    if stepper == "midpoint":
-        return simulate_midpoint
-    if stepper == "ep":
-        from .euler_parameters import simulate_scenario
-
-        return simulate_scenario
-    if stepper == "vi":
-        from .systems import simulate_scenario
-
-        return simulate_scenario
-    raise ValueError(stepper)
-
-
+#: the most steps ``rigidjax simulate`` runs (the trajectory is written as CSV)
 MAX_STEPS = 5_000_000
-
-
-def _common_summary(cols: dict, dt: float) -> dict:
-    """Drifts computed the same way for every stepper, from the written columns.
-
-    The scenario body is ``I = diag(1, 2, 3) kg m^2`` (body frame), torque-free.
-    """
-    I = np.array([1.0, 2.0, 3.0])
-    w = np.stack([cols["wx"], cols["wy"], cols["wz"]], -1)
-    q = np.stack([cols["qw"], cols["qx"], cols["qy"], cols["qz"]], -1)
-    E = 0.5 * np.sum(I * w * w, -1)
-    Lb = I * w
-    # world angular momentum R(q) L_body (quaternion rotation, scalar first)
-    qv, q0 = q[:, 1:], q[:, :1]
-    Lw = Lb + 2 * np.cross(qv, np.cross(qv, Lb) + q0 * Lb)
-    L0 = np.linalg.norm(Lw[0])
-    return {
-        "steps": int(len(w) - 1),
-        "energy_drift": float(np.abs(E / E[0] - 1).max()),
-        "angular_momentum_drift": float(np.linalg.norm(Lw - Lw[0], axis=-1).max() / L0),
-        "max_constraint_violation": float(np.abs(np.linalg.norm(q, axis=-1) - 1).max()),
-        "max_rotation_per_step": float(np.linalg.norm(w, axis=-1).max() * dt),
-    }
 
 
 def _cmd_simulate(args) -> int:
@@ -106,10 +34,7 @@ def _cmd_simulate(args) -> int:
     if n > MAX_STEPS:
         return _fail(f"--t-end / --dt asks for {n} steps (more than {MAX_STEPS}); choose a larger --dt or a shorter --t-end")
     t_end = n * args.dt  # a whole number of steps, reaching at least --t-end
-    fn = _scenario(args.stepper)
-    t, cols, own = fn(args.dt, t_end)
-    summary = _common_summary(cols, args.dt)
-    summary.update({k: v for k, v in own.items() if k not in summary})
+    t, cols, summary = racquet_flip(args.stepper, args.dt, t_end)
     import pandas as pd
 
     out = Path(args.out)

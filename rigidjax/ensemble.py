@@ -40,9 +40,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ._util import is_concrete
+from .numerics import is_concrete
 from .info import check
-from .midpoint import packed_form
+from .stepper import packed_form
 from .rollout import Trajectory, check_dt, rollout
 
 __all__ = ["ensemble_rollout", "ensemble_size", "shard_ensemble"]
@@ -95,7 +95,7 @@ class _ConstantModel:
 
     Why: a model closed over (not a ``jit`` argument) lets the steps see its exact zeros
     (no resistance, diagonal inertia, no gravity) as structural zeros and skip their terms,
-    as ``jax.jit(lambda s: rollout(step, model, s, ...))`` does (``rigidjax._util.static_zeros``);
+    as ``jax.jit(lambda s: rollout(step, model, s, ...))`` does (``rigidjax.numerics.static_zeros``);
     as an argument it is traced and every term is kept (EP step at N = 4096, one device: 1.4
     against 2.0 M body-steps/s). Keyed by value, so equal models share one compiled program."""
 
@@ -131,8 +131,9 @@ def _compiled(step, n, checkpoint_every, save_every, adjoint, mesh, model_batche
         if const is not None:
             models = const.tree
         opts = dict(checkpoint_every=checkpoint_every, save_every=save_every, adjoint=adjoint)
-        if packed_form(step) is not None and loads_kind != "callable":
-            # the midpoint step takes the batch natively: one rollout over the local members
+        packed = packed_form(step, models)
+        if packed is not None and packed.native_batch and loads_kind != "callable":
+            # a packed step that takes the batch natively (the midpoint step): one rollout over the local members
             # keeps every state component contiguous over them (vmap would put the member
             # axis first in the per-member arrays of the reverse sweep); time axis moved second
             member_loads = None if loads is None else jnp.swapaxes(loads, 0, 1)

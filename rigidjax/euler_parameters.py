@@ -58,7 +58,7 @@ followed by a simplified-Newton update with the same LU factors (Shamanskii's me
 :mod:`rigidjax.variational`; Exudyn's modified Newton likewise reuses its Jacobian): cubic
 convergence per iteration matrix, and the convergence test measures the error the Newton
 update left, so a step from the previous step's accelerations needs one iteration matrix. The solve is wrapped
-in :func:`jax.lax.custom_root` (through ``rigidjax._util.custom_root``), so derivatives of a
+in :func:`jax.lax.custom_root` (through ``rigidjax.numerics.custom_root``), so derivatives of a
 step are those of the converged solution (implicit function theorem), never of the truncated
 iteration, and no mode differentiates the ``while_loop``, second derivatives (``jax.hessian``,
 reverse over reverse) included. Non-convergence, a singular iteration matrix or a
@@ -78,12 +78,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import so3
-from ._util import (
-    check_kinds, custom_root, is_concrete, materialize, materialize_chunks, partial_jvp, static_zero, static_zeros, sum_nonzero, unwrap_partial, where_tree,
+from . import newton, so3
+from .numerics import (
+    cross, mv,
+    check_kinds, is_concrete, materialize, materialize_chunks, partial_jvp, static_zero, static_zeros, sum_nonzero, where_tree,
 )
 from .body import RigidBody
-from .info import Status, StepInfo, check, make_info
+from .newton import custom_root
+from .info import Status, StepInfo, make_info
 from .linalg import lu_factor_small, lu_solve_components, lu_solve_small, solve_components, solve_small
 from .linalg import singular as linalg_singular
 
@@ -105,7 +107,6 @@ __all__ = [
     "output",
     "OUTPUT_VARIABLES",
     "energy",
-    "simulate_scenario",
 ]
 
 EulerConstraint = Literal["position", "velocity", "none"]
@@ -861,58 +862,37 @@ def ep_step(
 
     eps = jnp.finfo(dtype).eps
 
-    def newton(f, z0):
-        def cond(c):
-            it, _, done, status, _ = c
-            return (it < max_iterations) & ~done & (status == Status.SUCCESS)
-
-        def body(c):
-            it, z, _, _, _ = c
-            r, lin = jax.linearize(f, z)
-            J = jax.vmap(lin, out_axes=1)(jnp.eye(z.shape[0], dtype=z.dtype))
-            # no LAPACK custom call (rigidjax.linalg: XLA:CPU deadlock of batched calls)
-            lu, pivots = lu_factor_small(J)
-            z1 = z - lu_solve_small(lu, r)
-            # a simplified-Newton update with the same factors (Shamanskii): cubic convergence
-            # per iteration matrix, and the tests below measure the error left by the Newton update
-            r = f(z1)
-            d = lu_solve_small(lu, r)
-            z1 = z1 - d
-            # a zero pivot relative to the largest: the iteration matrix is singular
-            singular = linalg_singular(pivots)
-            nonfinite = ~jnp.all(jnp.isfinite(z1))
-            small_a = jnp.max(jnp.abs(d[:n])) <= atol + rtol * jnp.max(jnp.abs(z1[:n]))
-            dl, zl = d[n : n + nc], z1[n : n + nc]
-            small_l = jnp.max(jnp.abs(dl), initial=0.0) <= atol + rtol * jnp.max(jnp.abs(zl), initial=0.0)
-            # mu is O(h^3): its increment is compared with the accelerations' scale, or accepted
-            # once the position correction it makes, beta_p h^2 |d_mu| (constraint gradients
-            # O(1)), is below the resolution of the positions: the position rows are evaluated
-            # to ~eps |x| only, so in float32 (or at tiny h) the iteration cannot reduce d_mu
-            # below ~eps |x| / (beta_p h^2) and would otherwise stall (MAX_ITERATIONS)
-            d_mu = jnp.max(jnp.abs(d[n + nc :]), initial=0.0)
-            x_scale = jnp.maximum(1.0, jnp.max(jnp.abs(model.reference + unpack(z1)[2])))
-            small_l &= (d_mu <= atol + rtol * jnp.max(jnp.abs(z1[:n]))) | (
-                beta_p * h * h * d_mu <= 8 * eps * x_scale
-            )
-            status = jnp.where(singular, Status.SINGULAR, jnp.where(nonfinite, Status.NONFINITE, Status.SUCCESS))
-            status = status.astype(jnp.int32)
-            done = small_a & small_l & (status == Status.SUCCESS)
-            z1 = jnp.where(status == Status.SUCCESS, z1, z)
-            return it + 1, z1, done, status, jnp.max(jnp.abs(r))
-
-        init = (jnp.int32(0), z0, jnp.bool_(False), jnp.int32(Status.SUCCESS), jnp.asarray(jnp.inf, z0.dtype))
-        it, z, done, status, res = jax.lax.while_loop(cond, body, init)
-        status = jnp.where(done, Status.SUCCESS, jnp.where(status == Status.SUCCESS, Status.MAX_ITERATIONS, status))
-        # aux as floats: custom_root's JVP rule mishandles integer aux (float0 tangents)
-        return z, jnp.stack([it.astype(z.dtype), status.astype(z.dtype), res])
-
-    def tangent_solve(g, y):
-        return solve_small(jax.jacfwd(g)(y), y)
+    def update(f, z):
+        r, lin = jax.linearize(f, z)
+        J = jax.vmap(lin, out_axes=1)(jnp.eye(z.shape[0], dtype=z.dtype))
+        # no LAPACK custom call (rigidjax.linalg: XLA:CPU deadlock of batched calls)
+        lu, pivots = lu_factor_small(J)
+        z1 = z - lu_solve_small(lu, r)
+        # a simplified-Newton update with the same factors (Shamanskii): cubic convergence
+        # per iteration matrix, and the tests below measure the error left by the Newton update
+        r = f(z1)
+        d = lu_solve_small(lu, r)
+        z1 = z1 - d
+        small_a = jnp.max(jnp.abs(d[:n])) <= atol + rtol * jnp.max(jnp.abs(z1[:n]))
+        dl, zl = d[n : n + nc], z1[n : n + nc]
+        small_l = jnp.max(jnp.abs(dl), initial=0.0) <= atol + rtol * jnp.max(jnp.abs(zl), initial=0.0)
+        # mu is O(h^3): its increment is compared with the accelerations' scale, or accepted
+        # once the position correction it makes, beta_p h^2 |d_mu| (constraint gradients
+        # O(1)), is below the resolution of the positions: the position rows are evaluated
+        # to ~eps |x| only, so in float32 (or at tiny h) the iteration cannot reduce d_mu
+        # below ~eps |x| / (beta_p h^2) and would otherwise stall (MAX_ITERATIONS)
+        d_mu = jnp.max(jnp.abs(d[n + nc :]), initial=0.0)
+        x_scale = jnp.maximum(1.0, jnp.max(jnp.abs(model.reference + unpack(z1)[2])))
+        small_l &= (d_mu <= atol + rtol * jnp.max(jnp.abs(z1[:n]))) | (beta_p * h * h * d_mu <= 8 * eps * x_scale)
+        # a zero pivot relative to the largest: the iteration matrix is singular
+        return newton.Update(
+            z1, small_a & small_l, linalg_singular(pivots), ~jnp.all(jnp.isfinite(z1)), jnp.max(jnp.abs(r))
+        )
 
     z0 = jnp.concatenate([qtt0.reshape(-1), lam0, jnp.zeros((n_mu,), dtype)])
-    z, aux = custom_root(residual, z0, newton, tangent_solve)
-    aux = jax.lax.stop_gradient(aux)
-    iterations, status, res = aux[0].astype(jnp.int32), aux[1].astype(jnp.int32), aux[2]
+    z, (iterations, status, res) = newton.solve(
+        residual, z0, update, newton.dense_tangent_solve, max_iterations=max_iterations
+    )
     qtt1, a1, q1, v1, lam1 = unpack(z)
     new = EPState(
         time=state.time + h,
@@ -1014,71 +994,6 @@ def output(model: EPModel, states: EPState, variable: str) -> jax.Array:
     return jnp.einsum("...ij,...j->...i", so3.g_matrix_world(theta), states.accelerations[..., 3:])
 
 
-# ----------------------------------------------------------------------------- command line
-
-
-def simulate_scenario(dt: float, t_end: float, *, rho_inf: float = 0.9) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, float]]:
-    r"""The default command-line scenario with this stepper: a torque-free tennis-racket flip.
-
-    ``RigidBody(mass=1, inertia=diag(1, 2, 3))``, body angular velocity ``(0.01, 2, 0)`` rad/s
-    near the intermediate axis (Dzhanibekov effect), at the origin, index-3 Euler-parameter
-    constraint, generalized-alpha with ``rho_inf``. ``n = round(t_end / dt)`` steps.
-
-    Returns:
-        ``t`` (n+1,) s; ``columns``: ``t, x, y, z`` (m), ``qw, qx, qy, qz`` (Euler parameters),
-        ``wx, wy, wz`` (body angular velocity, rad/s), each (n+1,); ``summary``:
-        ``energy_drift`` and ``angular_momentum_drift`` (max relative change of kinetic energy
-        and ``|L|``), ``max_constraint_violation`` (max ``| |theta| - 1 |``), ``mean_newton_iterations``,
-        ``max_rotation_per_step`` (rad), ``steps``.
-
-    Raises:
-        ValueError: ``dt <= 0`` or ``t_end < dt``. :class:`rigidjax.StepFailure`: a step failed.
-    """
-    from .rollout import rollout
-
-    dt, t_end = float(dt), float(t_end)
-    if not (np.isfinite(dt) and dt > 0):
-        raise ValueError(f"dt must be > 0 s; got {dt}")
-    if not (np.isfinite(t_end) and t_end >= dt):
-        raise ValueError(f"t_end must be >= dt; got t_end={t_end}, dt={dt}")
-    n = int(round(t_end / dt))
-    body = RigidBody(1.0, jnp.diag(jnp.array([1.0, 2.0, 3.0])))
-    model = EPModel(body)
-    s0 = initial_state(model, angular_velocity=jnp.array([0.01, 2.0, 0.0]))
-    step = _bind(ep_step, scheme=generalized_alpha(rho_inf), max_rotation=np.inf)
-    traj = jax.jit(lambda m, s: rollout(step, m, s, dt, n))(model, s0)
-    check(traj.info)
-    st = traj.states
-    x = np.asarray(output(model, st, "Position"))[:, 0]
-    th = np.asarray(output(model, st, "CoordinatesTotal"))[:, 0, 3:]
-    w = np.asarray(output(model, st, "AngularVelocityLocal"))[:, 0]
-    t = np.asarray(st.time)
-    J = np.diag([1.0, 2.0, 3.0])
-    E = 0.5 * np.einsum("ni,ij,nj->n", w, J, w)
-    L = np.linalg.norm(w @ J, axis=-1)  # |L| is frame independent
-    cols = {
-        "t": t,
-        "x": x[:, 0], "y": x[:, 1], "z": x[:, 2],
-        "qw": th[:, 0], "qx": th[:, 1], "qy": th[:, 2], "qz": th[:, 3],
-        "wx": w[:, 0], "wy": w[:, 1], "wz": w[:, 2],
-    }
-    summary = {
-        "energy_drift": float(np.max(np.abs(E / E[0] - 1))),
-        "angular_momentum_drift": float(np.max(np.abs(L / L[0] - 1))),
-        "max_constraint_violation": float(np.max(np.abs(np.linalg.norm(th, axis=-1) - 1))),
-        "mean_newton_iterations": float(np.mean(np.asarray(traj.info.iterations))),
-        "max_rotation_per_step": float(np.max(np.asarray(traj.info.rotation))),
-        "steps": float(n),
-    }
-    return t, cols, summary
-
-
-def _bind(f, **kw):
-    import functools
-
-    return functools.partial(f, **kw)
-
-
 # ----------------------------------------------------------------------------- packed form
 # rollout's fast path for models of free bodies (no constraints but the Euler-parameter one):
 # the same step as ep_step, iterate for iterate, with every coordinate its own array over the
@@ -1141,38 +1056,6 @@ def _unpack_ep(carry: EPCarry, like: EPState) -> EPState:
     )
 
 
-def _gb(th, x):
-    """``G_body(theta) x`` (3 components) for 4-component ``x``."""
-    e0, e1, e2, e3 = th
-    x0, x1, x2, x3 = x
-    return (
-        2 * (-x0 * e1 + e0 * x1 - (e2 * x3 - e3 * x2)),
-        2 * (-x0 * e2 + e0 * x2 - (e3 * x1 - e1 * x3)),
-        2 * (-x0 * e3 + e0 * x3 - (e1 * x2 - e2 * x1)),
-    )
-
-
-def _gt(th, y, sign):
-    """``G_body(theta)^T y`` (``sign = 1``) or ``G_world(theta)^T y`` (``sign = -1``), 4 components."""
-    e0, e1, e2, e3 = th
-    y0, y1, y2 = y
-    return (
-        -2 * (e1 * y0 + e2 * y1 + e3 * y2),
-        2 * (e0 * y0 + sign * (e2 * y2 - e3 * y1)),
-        2 * (e0 * y1 + sign * (e3 * y0 - e1 * y2)),
-        2 * (e0 * y2 + sign * (e1 * y1 - e2 * y0)),
-    )
-
-
-def _mv3(A, x):
-    # entries of A may be structural zeros (static_zero): their terms are not traced
-    return tuple(sum_nonzero((A[i][j], x[j]) for j in range(3)) for i in range(3))
-
-
-def _cross(a, b):
-    return (a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0])
-
-
 def _packed_ep_step(
     model: EPModel, carry: EPCarry, wrench, dt, active, *, scheme, torque_frame, rtol, atol,
     max_iterations, max_rotation, stabilized,
@@ -1232,18 +1115,18 @@ def _packed_ep_step(
 
     def residual(th, tht, thtt, vp, qttp, lam):
         """The rows of ep_step's residual for one body (dynamics, then the scaled constraints)."""
-        w = _gb(th, tht)
-        w_t = _gb(th, thtt)
+        w = so3.g_body_apply(th, tht)
+        w_t = so3.g_body_apply(th, thtt)
         tw = (*vp, *w)
         Rt = tuple(sum_nonzero((Rm[i][j], tw[j]) for j in range(6)) for i in range(6))
         lin = tuple(m * (qttp[i] - g[i]) - Wc[i] + Rt[i] for i in range(3))
-        Iw, Iw_t = _mv3(J, w), _mv3(J, w_t)
-        gyro = _cross(w, Iw)
+        Iw, Iw_t = mv(J, w), mv(J, w_t)
+        gyro = cross(w, Iw)
         if torque_frame == "body":
-            rot = _gt(th, tuple(Iw_t[i] + Rt[3 + i] - Wc[3 + i] + gyro[i] for i in range(3)), 1)
+            rot = so3.g_transpose_apply(th, tuple(Iw_t[i] + Rt[3 + i] - Wc[3 + i] + gyro[i] for i in range(3)), 1)
         else:
-            rot = _gt(th, tuple(Iw_t[i] + Rt[3 + i] + gyro[i] for i in range(3)), 1)
-            rot = tuple(r - t for r, t in zip(rot, _gt(th, Wc[3:], -1)))
+            rot = so3.g_transpose_apply(th, tuple(Iw_t[i] + Rt[3 + i] + gyro[i] for i in range(3)), 1)
+            rot = tuple(r - t for r, t in zip(rot, so3.g_transpose_apply(th, Wc[3:], -1)))
         rot = tuple(rot[j] - 2 * th[j] * lam for j in range(4))
         c_p = (th[0] * th[0] + th[1] * th[1] + th[2] * th[2] + th[3] * th[3] - 1) * s_pos
         c_v_row = 2 * (th[0] * tht[0] + th[1] * tht[1] + th[2] * tht[2] + th[3] * tht[3]) * s_vel
@@ -1358,7 +1241,7 @@ def _packed_ep_step(
     v1 = tuple(v_pred[k] + c_v * qtt1[k] for k in range(7))
 
     def omega_max(q, v):
-        w = _gb(tuple(ref[3 + j] + q[3 + j] for j in range(4)), v[3:])
+        w = so3.g_body_apply(tuple(ref[3 + j] + q[3 + j] for j in range(4)), v[3:])
         sq = w[0] * w[0] + w[1] * w[1] + w[2] * w[2]
         pos = sq > 0
         return bmax(jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1)), 0))
@@ -1424,7 +1307,7 @@ def packed_form(step, model):
     singularity test reads that elimination's pivots: a translation block made singular by an
     unphysical (negative) damping reports ``SINGULAR``.
     """
-    from .midpoint import PackedStep
+    from .stepper import PackedStep, unwrap_partial
 
     step, kwargs = unwrap_partial(step)
     if step is not ep_step or not isinstance(model, EPModel):
@@ -1449,5 +1332,4 @@ def packed_form(step, model):
         unpack=_unpack_ep,
         step=functools.partial(_packed_ep_step, **options),
         check=lambda model, state, wrench, dt: _check_packed(model, state, wrench, dt, options["torque_frame"]),
-        attitude=None,
     )

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._util import is_concrete
+from .numerics import is_concrete
 from .body import RigidBody
 
 __all__ = [

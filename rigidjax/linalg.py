@@ -362,7 +362,7 @@ class ComponentsLU(eqx.Module):
     entry: per stage ``k`` the pivot's index in the active block, the ``n - k - 1``
     multipliers, the pivot row of ``U`` and the reciprocal pivot; ``selects`` (static): per
     stage the rows of the active block besides the first that may hold the pivot. Entries
-    may be structural zeros (``0.0``, :func:`rigidjax._util.static_zero`)."""
+    may be structural zeros (``0.0``, :func:`rigidjax.numerics.static_zero`)."""
 
     pivot_index: tuple
     multipliers: tuple
@@ -396,7 +396,7 @@ def solve_components(A, b, *, materialize_b: bool = False, factors: bool = False
     arrays per entry: every operation is elementwise over the batch, so an ensemble runs
     contiguous loops that XLA:CPU fuses and vectorises, instead of slices and selects on the
     inner axes of ``(N, n, n)`` arrays. Each elimination stage of ``A`` is materialised
-    (:func:`rigidjax._util.materialize`) so later stages do not recompute it (the right-hand
+    (:func:`rigidjax.numerics.materialize`) so later stages do not recompute it (the right-hand
     side is not: the solve stays linear, hence transposable, in ``b``). The pivot row is
     chosen by selects (no gather); a NaN entry is chosen as pivot as ``argmax`` would. Linear
     in ``b``; not differentiated w.r.t. ``A`` by a rule of its own.
@@ -411,7 +411,7 @@ def solve_components(A, b, *, materialize_b: bool = False, factors: bool = False
     :func:`lu_solve_components` (e.g. a simplified-Newton update).
 
     Structural zeros: an entry of ``A`` given as the Python number ``0.0`` (not an array; see
-    :func:`rigidjax._util.static_zero`) is known to vanish when traced. The elimination
+    :func:`rigidjax.numerics.static_zero`) is known to vanish when traced. The elimination
     carries such zeros through its stages and skips what they make trivial: a zero below the
     pivot is never a pivot candidate and needs no multiplier, a zero in the pivot row leaves
     its column untouched, and entries a stage does not change are not stored again. A block
@@ -432,7 +432,7 @@ def solve_components(A, b, *, materialize_b: bool = False, factors: bool = False
         ValueError: ``A`` not ``n`` rows of ``n`` entries, ``b`` not of length ``n``, or
             ``leading`` not in ``[0, n]``.
     """
-    from ._util import materialize, static_zero
+    from .numerics import materialize, static_zero
 
     n = len(A)
     if any(len(row) != n for row in A) or len(b) != n:
@@ -544,7 +544,7 @@ def solve_components(A, b, *, materialize_b: bool = False, factors: bool = False
 
 def _select(sel, a, b):
     """``where(sel, a, b)`` for entries that may be structural zeros."""
-    from ._util import static_zero
+    from .numerics import static_zero
 
     if static_zero(a) and static_zero(b):
         return 0.0
@@ -573,7 +573,7 @@ def lu_solve_components(lu: ComponentsLU, b):
     n = len(lu.urows)
     if len(b) != n:
         raise ValueError(f"lu_solve_components: b must have length {n}; got {len(b)}")
-    from ._util import static_zero
+    from .numerics import static_zero
 
     R = list(b)
     rrows = []

@@ -25,7 +25,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ._util import where_tree
+from .numerics import where_tree
 from .info import FAILURES, StepInfo
 from .variational import MechanicalSystem, VIState, join_state, vi_step
 

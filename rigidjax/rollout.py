@@ -16,11 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._util import is_concrete, where_tree
+from .numerics import is_concrete, where_tree
 from .info import FAILURES, Status, StepInfo, check, failure_mask
-from . import euler_parameters as _ep
-from . import systems as _systems
-from .midpoint import packed_form as _midpoint_packed_form
+from .stepper import packed_form
 
 __all__ = ["Trajectory", "rollout", "check_dt"]
 
@@ -180,14 +178,14 @@ def rollout(
                 )
 
     failure_codes = np.asarray([int(c) for c in FAILURES], np.int32)
-    packed = _packed_form(step, model)
+    packed = packed_form(step, model)
     template = jax.eval_shape(lambda: state0)
     if adjoint not in (None, "discrete"):
         raise ValueError(f"rollout: adjoint must be None or 'discrete'; got {adjoint!r}")
     if adjoint == "discrete":
         problems = [
             msg for bad, msg in (
-                (packed is None or packed.attitude is None, "the step is not rigidjax.midpoint_step"),
+                (packed is None or packed.discrete_adjoint is None, "the step has no discrete adjoint (rigidjax.Midpoint has)"),
                 (callable(loads), "loads is a callable"),
                 (save_every not in (None, 1), "save_every is set"),
                 (checkpoint_every is not None, "checkpoint_every is set (the discrete adjoint needs no checkpoints)"),
@@ -229,7 +227,7 @@ def rollout(
     comp0 = jnp.zeros_like(t0) if t0 is not None and jnp.issubdtype(jnp.result_type(t0), jnp.floating) else None
     carry0 = (packed.pack(state0) if packed is not None else state0, fail0, comp0)
     if adjoint == "discrete" and n > 0:
-        states, info = _discrete_adjoint_scan(packed, body, model, carry0, dt_arr, xs_load, n)
+        states, info = packed.discrete_adjoint(body, model, carry0, dt_arr, xs_load, n)
     elif save_every is None or save_every == 1 or n == 0:
         _, (states, info) = _scan(body, carry0, xs, n, checkpoint_every)
     else:
@@ -264,88 +262,6 @@ def _compensated_time(state, new_state, dt, comp):
     moved = new_state.time != t
     comp = jnp.where(moved, (t_sum - t) - y, comp)
     return eqx.tree_at(lambda s: s.time, new_state, jnp.where(moved, t_sum, t)), comp
-
-
-def _unbroadcast(x, shape):
-    """Sum ``x`` down to ``shape`` (the transpose of broadcasting)."""
-    x = jnp.asarray(x)
-    lead = x.ndim - len(shape)
-    x = jnp.sum(x, axis=tuple(range(lead))) if lead > 0 else x
-    axes = tuple(i for i, (a, b) in enumerate(zip(x.shape, shape)) if b == 1 and a != 1)
-    return jnp.sum(x, axis=axes, keepdims=True) if axes else x
-
-
-def _discrete_adjoint_scan(packed, body, model, carry0, dt_arr, xs_load, n):
-    """The packed midpoint rollout with its reverse-mode derivative given by :mod:`rigidjax.adjoint`."""
-    from . import adjoint as adj
-
-    per_step_dt = dt_arr.ndim == 1
-
-    def forward(model, carry0, dt_arr, xs_load):
-        b = lambda c, x: body(c, x, model=model, dt_arr=dt_arr)  # noqa: E731
-        _, (states, info) = jax.lax.scan(b, carry0, (dt_arr if per_step_dt else None, xs_load), length=n)
-        return states, info
-
-    @jax.custom_vjp
-    def run(model, carry0, dt_arr, xs_load):
-        return forward(model, carry0, dt_arr, xs_load)
-
-    def run_fwd(model, carry0, dt_arr, xs_load):
-        out = forward(model, carry0, dt_arr, xs_load)
-        return out, (model, carry0, dt_arr, xs_load, out)
-
-    def run_bwd(res, ct):
-        model, (state0, _, _), dt_arr, xs_load, (states, info) = res
-        ct_states, ct_info = ct
-        dtype = state0.angular_velocity[0].dtype
-        ok = ~jnp.isin(info.status, jnp.asarray([int(c) for c in FAILURES], jnp.int32))
-        batch = jnp.shape(state0.time)
-        consts = None if per_step_dt else adj.model_constants(model, jnp.asarray(dt_arr, dtype))
-
-        def back(carry, xs):
-            lam, acc = carry
-            k, c1, ok_k, ct1, rot_bar, dt_k, load_k = xs
-            # the state before step k read in place (a shifted copy of the trajectory would be
-            # another n_steps x 14 x batch buffer, page-faulted afresh on every call)
-            c0 = jax.tree_util.tree_map(
-                lambda a0, a: jnp.where(k == 0, a0, jax.lax.dynamic_index_in_dim(a, jnp.maximum(k - 1, 0), keepdims=False)),
-                state0,
-                states,
-            )
-            dt_k = jnp.asarray(dt_arr if dt_k is None else dt_k, dtype)
-            cs = consts if consts is not None else adj.model_constants(model, dt_k)
-            lam, acc, wrench_bar, dt_bar = adj.step_vjp(cs, c0, c1, ok_k, dt_k, lam, ct1, rot_bar, acc, packed.attitude)
-            return (lam, acc), (wrench_bar, dt_bar)
-
-        lam0 = jnp.zeros((14, *batch), dtype)
-        acc0 = tuple(jnp.zeros((k, *batch), dtype) for k in adj.ACC_SIZES)
-        xs = (jnp.arange(n), states, ok, ct_states, ct_info.rotation, dt_arr if per_step_dt else None, xs_load)
-        (lam, acc), (wrench_bar, dt_bar) = jax.lax.scan(back, (lam0, acc0), xs, length=n, reverse=True)
-        m_bar, J_bar, R_bar, g_bar = adj.unflatten_params(acc)
-        model_bar = eqx.tree_at(
-            lambda b: (b.mass, b.inertia, b.resistance, b.gravity),
-            model,
-            (
-                _unbroadcast(m_bar, jnp.shape(model.mass)),
-                _unbroadcast(J_bar, jnp.shape(model.inertia)),
-                _unbroadcast(R_bar, jnp.shape(model.resistance)),
-                _unbroadcast(g_bar, jnp.shape(model.gravity)),
-            ),
-        )
-        if per_step_dt:
-            dt_bar_out = jnp.sum(dt_bar.reshape(n, -1), -1).astype(dt_arr.dtype)
-        else:
-            dt_bar_out = jnp.sum(acc[4]).astype(dt_arr.dtype)
-        load_bar = None
-        if xs_load is not None:
-            wb = jnp.stack(wrench_bar, -1)  # (n, *batch, 6); each step's load broadcast to (*batch, 6)
-            load_bar = jax.vmap(lambda w: _unbroadcast(w, jnp.shape(xs_load)[1:]))(wb).astype(xs_load.dtype)
-        lam = adj.carry_from_array(lam)
-        carry0_bar = (jax.tree_util.tree_map(lambda a, s0: _unbroadcast(a, jnp.shape(s0)), lam, state0), None, None)
-        return model_bar, carry0_bar, dt_bar_out, load_bar
-
-    run.defvjp(run_fwd, run_bwd)
-    return run(model, carry0, dt_arr, xs_load)
 
 
 def _positive_int_or_none(k, name: str):
@@ -425,14 +341,6 @@ def _saved_scan(body, carry0, xs, n: int, s: int, k: int | None):
         carry, ys_rem = interval(rem)(carry, _split(xs, n_saves * s, n, (rem,)))
         ys = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a, b[None]], 0), ys, ys_rem)
     return ys
-
-
-def _packed_form(step, model):
-    """The structure-of-arrays form of ``step`` on ``model`` (rollout's fast path), or ``None``."""
-    for packed in (_midpoint_packed_form(step), _ep.packed_form(step, model), _systems.packed_form(step, model)):
-        if packed is not None:
-            return packed
-    return None
 
 
 def _batch_shape(state) -> tuple[int, ...]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import jaxlie
+from jaxlie.utils import get_epsilon
 
 __all__ = [
     "identity",
@@ -40,7 +41,10 @@ __all__ = [
     "from_tait_bryan_xyz",
     "g_matrix_world",
     "g_matrix_body",
+    "g_body_apply",
+    "g_transpose_apply",
     "safe_norm",
+    "exp_coefficients",
 ]
 
 
@@ -49,6 +53,27 @@ def safe_norm(x: jax.Array, axis: int = -1, keepdims: bool = False) -> jax.Array
     sq = jnp.sum(x * x, axis=axis, keepdims=keepdims)
     pos = sq > 0
     return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1)), 0)
+
+
+def exp_coefficients(t2: jax.Array):
+    r"""``(c, s, dc, ds)`` of the quaternion exponential ``exp(phi) = (c, s phi)`` as functions
+    of ``t2 = |phi|^2`` (rad^2): ``c = cos(|phi|/2)``, ``s = sin(|phi|/2) / |phi|`` and their
+    derivatives ``dc/dt2``, ``ds/dt2``.
+
+    Below ``t2 = eps`` (jaxlie's ``get_epsilon`` of the dtype: 1e-10 in float64, 1e-5 in
+    float32) each is its Taylor series, as in :func:`jaxlie.SO3.exp`, so values and
+    derivatives stay finite at zero rotation. Elementwise on any shape; follows ``t2``'s dtype.
+    The per-component and hand-differentiated steps use it; :func:`exp` is jaxlie's own.
+    """
+    t2 = jnp.asarray(t2)
+    taylor = t2 < get_epsilon(jnp.dtype(t2.dtype))
+    safe = jnp.where(taylor, jnp.ones_like(t2), t2)
+    th = jnp.sqrt(safe)
+    c = jnp.where(taylor, 1.0 - t2 / 8.0 + t2 * t2 / 384.0, jnp.cos(0.5 * th))
+    s = jnp.where(taylor, 0.5 - t2 / 48.0 + t2 * t2 / 3840.0, jnp.sin(0.5 * th) / th)
+    dc = jnp.where(taylor, -1.0 / 8.0 + t2 / 192.0, -0.25 * s)
+    ds = jnp.where(taylor, -1.0 / 48.0 + t2 / 1920.0, (0.5 * c - s) / (2 * safe))
+    return c, s, dc, ds
 
 
 def _so3(q: jax.Array) -> jaxlie.SO3:
@@ -223,3 +248,31 @@ def g_matrix_body(q: jax.Array) -> jax.Array:
     I3 = jnp.eye(3, dtype=q.dtype)
     right = e0[..., None, None] * I3 - hat(e)
     return 2 * jnp.concatenate([-e[..., :, None], right], -1)
+
+
+# Per-component forms (each argument a tuple of arrays of one batch shape; what the
+# structure-of-arrays steppers use): the products with the G matrices written out.
+
+
+def g_body_apply(theta, x):
+    """``G_body(theta) x`` (3 arrays) for Euler parameters ``theta`` and ``x`` (4 arrays each)."""
+    e0, e1, e2, e3 = theta
+    x0, x1, x2, x3 = x
+    return (
+        2 * (-x0 * e1 + e0 * x1 - (e2 * x3 - e3 * x2)),
+        2 * (-x0 * e2 + e0 * x2 - (e3 * x1 - e1 * x3)),
+        2 * (-x0 * e3 + e0 * x3 - (e1 * x2 - e2 * x1)),
+    )
+
+
+def g_transpose_apply(theta, y, sign):
+    """``G_body(theta)^T y`` (``sign = 1``) or ``G_world(theta)^T y`` (``sign = -1``): 4 arrays
+    for ``theta`` (4 arrays) and ``y`` (3 arrays)."""
+    e0, e1, e2, e3 = theta
+    y0, y1, y2 = y
+    return (
+        -2 * (e1 * y0 + e2 * y1 + e3 * y2),
+        2 * (e0 * y0 + sign * (e2 * y2 - e3 * y1)),
+        2 * (e0 * y1 + sign * (e3 * y0 - e1 * y2)),
+        2 * (e0 * y2 + sign * (e1 * y1 - e2 * y0)),
+    )

@@ -30,8 +30,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import so3
-from ._util import static_zeros, sum_nonzero
+from .numerics import mv, static_zeros, sum_nonzero
 from .body import RigidBody, RigidBodyState
+from .newton import custom_root
 from .variational import MechanicalSystem, VIState, _check_vi_state, generalized_velocity, vi_state
 
 __all__ = [
@@ -44,7 +45,6 @@ __all__ = [
     "rigid_body",
     "rigid_body_vi_state",
     "rigid_body_state",
-    "simulate_scenario",
     "STANDARD_GRAVITY",
 ]
 
@@ -418,82 +418,6 @@ def rigid_body_state(system: MechanicalSystem, state: VIState) -> RigidBodyState
 # --------------------------------------------------------------------------- CLI scenario
 
 
-def simulate_scenario(dt: float, t_end: float, *, rtol: float | None = None, atol: float | None = None, max_iter: int = 20):
-    r"""Default VI scenario of ``rigidjax simulate --stepper vi``: the tennis-racket flip.
-
-    ``RigidBody(mass=1 kg, inertia=diag(1, 2, 3) kg m^2)``, torque-free, spinning about the
-    intermediate axis, ``omega_body0 = (0.01, 2, 0)`` rad/s, at rest at the origin with the
-    identity attitude; quaternion coordinates with the unit-norm constraint (:func:`rigid_body`).
-    Runs in float64 where JAX has x64 enabled, float32 otherwise.
-
-    Args:
-        dt: step, s (> 0); t_end: final time, s (>= dt). ``n = round(t_end / dt)`` steps.
-        rtol, atol, max_iter: Newton options of :func:`rigidjax.variational.vi_step`.
-
-    Returns:
-        ``(t, columns, summary)``: ``t`` (n+1,) s; ``columns`` maps ``t, x, y, z`` (m, world),
-        ``qw, qx, qy, qz`` (body to world) and ``wx, wy, wz`` (rad/s, body) to numpy arrays
-        (n+1,); ``summary`` has ``energy_drift`` and ``angular_momentum_drift`` (max relative
-        deviation of the kinetic energy and of ``|L|`` from their initial values),
-        ``max_constraint_violation`` (max ``| |e| - 1 |``), ``mean_newton_iterations``,
-        ``max_newton_iterations``, ``steps``, ``failed_steps``.
-
-    Raises:
-        ValueError: ``dt <= 0``, ``t_end < dt``, non-finite values.
-        rigidjax.StepFailure: a step failed (Newton did not converge).
-    """
-    from functools import partial
-
-    from .body import angular_momentum, kinetic_energy
-    from .info import check
-    from .rollout import rollout
-    from .variational import vi_step
-
-    if not (np.isfinite(dt) and np.isfinite(t_end)):
-        raise ValueError(f"simulate_scenario: dt and t_end must be finite; got dt={dt}, t_end={t_end}")
-    if dt <= 0:
-        raise ValueError(f"simulate_scenario: dt must be > 0 s; got {dt}")
-    if t_end < dt:
-        raise ValueError(f"simulate_scenario: t_end must be >= dt; got t_end={t_end}, dt={dt}")
-    n = int(round(t_end / dt))
-    body = RigidBody(1.0, jnp.array([1.0, 2.0, 3.0]))
-    system = rigid_body(body)
-    state0 = rigid_body_vi_state(system, RigidBodyState(angular_velocity=jnp.array([0.01, 2.0, 0.0])))
-    step = partial(vi_step, rtol=rtol, atol=atol, max_iter=max_iter)
-    traj = jax.jit(lambda s: rollout(step, system, s, dt, n))(state0)
-    check(traj.info)
-    rb = rigid_body_state(system, traj.states)
-    e = np.asarray(traj.states.q[:, 3:])
-    E = np.asarray(kinetic_energy(body, rb))
-    L = np.linalg.norm(np.asarray(angular_momentum(body, rb)), axis=-1)
-    t = np.asarray(traj.states.time)
-    pos, q, w = np.asarray(rb.position), np.asarray(rb.orientation), np.asarray(rb.angular_velocity)
-    columns = {
-        "t": t,
-        "x": pos[:, 0],
-        "y": pos[:, 1],
-        "z": pos[:, 2],
-        "qw": q[:, 0],
-        "qx": q[:, 1],
-        "qy": q[:, 2],
-        "qz": q[:, 3],
-        "wx": w[:, 0],
-        "wy": w[:, 1],
-        "wz": w[:, 2],
-    }
-    it = np.asarray(traj.info.iterations)
-    summary = {
-        "energy_drift": float(np.max(np.abs(E - E[0])) / abs(E[0])),
-        "angular_momentum_drift": float(np.max(np.abs(L - L[0])) / abs(L[0])),
-        "max_constraint_violation": float(np.max(np.abs(np.linalg.norm(e, axis=1) - 1))),
-        "mean_newton_iterations": float(it.mean()),
-        "max_newton_iterations": float(it.max()),
-        "steps": float(n),
-        "failed_steps": float(np.sum(np.asarray(traj.info.failed))),
-    }
-    return t, columns, summary
-
-
 # --------------------------------------------------------------------------- packed form
 # rollout's fast path for vi_step on a free rigid body (rigid_body(body) without a pivot): the
 # same DEL solve, iterate for iterate, with every coordinate its own array over the ensemble
@@ -539,7 +463,6 @@ def _free_body_del(body, resistance, q1, p1, u, h, c_minus, c_plus):
     ``p1 + D1 L_d + f^- - Dh(q1)^T lam`` and ``h(q2)``) and
     ``momentum(em, ed, xd) -> 7 components`` (``p2 = D2 L_d + f^+``).
     """
-    from .euler_parameters import _gb, _gt, _mv3
 
     dtype = q1[0].dtype  # the state's precision, as vi_step (the model may be float64)
     m = jnp.asarray(body.mass, dtype)
@@ -551,13 +474,13 @@ def _free_body_del(body, resistance, q1, p1, u, h, c_minus, c_plus):
     e1 = q1[3:]
 
     def parts(em, ed, xd):
-        w = _gb(em, ed)
-        Iw = _mv3(J, w)
+        w = so3.g_body_apply(em, ed)
+        Iw = mv(J, w)
         tw = (*xd, *w)
         force = tuple(u[i] - sum_nonzero((R[i][j], tw[j]) for j in range(6)) for i in range(6))
-        Lv = (*(m * v for v in xd), *_gt(em, Iw, 1))
-        Lq = (*(m * gi for gi in g), *(-t for t in _gt(ed, Iw, 1)))
-        f = (*force[:3], *_gt(em, force[3:], 1))
+        Lv = (*(m * v for v in xd), *so3.g_transpose_apply(em, Iw, 1))
+        Lq = (*(m * gi for gi in g), *(-t for t in so3.g_transpose_apply(ed, Iw, 1)))
+        f = (*force[:3], *so3.g_transpose_apply(em, force[3:], 1))
         return Lv, Lq, f
 
     def residual(em, ed, xd, e2, lam):
@@ -588,7 +511,7 @@ def _quat_angle(a, b):
 def _packed_vi_step(system, carry: VICarry, inputs, dt, active, *, rtol, atol, max_iter, forcing_split, max_rotation):
     """:func:`rigidjax.variational.vi_step` on a :class:`VICarry` of a free rigid body; members
     where ``active`` is False keep their input state. Returns ``(carry, info)``."""
-    from ._util import custom_root, materialize, materialize_chunks, partial_jvp, static_zero
+    from .numerics import materialize, materialize_chunks, partial_jvp, static_zero
     from .info import Status, make_info
     from .linalg import lu_solve_components, singular, solve_components, solve_small
     from .variational import _default_tol
@@ -758,8 +681,8 @@ def packed_form(step, system):
     reads that elimination's pivots (not LAPACK's): a translation block made singular by an
     unphysical (negative) damping of order ``m/h`` reports ``SINGULAR``.
     """
-    from ._util import unwrap_partial
-    from .midpoint import PackedStep
+    from .stepper import unwrap_partial
+    from .stepper import PackedStep
     from .variational import _check_input_batch, _check_split, _split_inputs, vi_step
 
     step, kwargs = unwrap_partial(step)
@@ -787,5 +710,5 @@ def packed_form(step, system):
         _check_input_batch(u, state.q.shape[:-1], "u")
 
     return PackedStep(
-        pack=_pack_vi, unpack=_unpack_vi, step=functools.partial(_packed_vi_step, **options), check=check, attitude=None
+        pack=_pack_vi, unpack=_unpack_vi, step=functools.partial(_packed_vi_step, **options), check=check
     )

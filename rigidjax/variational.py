@@ -39,7 +39,7 @@ Methods for Linear and Nonlinear Equations*, SIAM 1995, ch. 5): cubic convergenc
 Jacobian, and the second update measures the error the first left, so a step from a good
 warm start needs ONE Jacobian and factorisation (plain Newton needs a second, confirming one).
 It is wrapped in
-``jax.lax.custom_root`` (through ``rigidjax._util.custom_root``): derivatives come from the
+``jax.lax.custom_root`` (through ``rigidjax.numerics.custom_root``): derivatives come from the
 implicit function theorem on the DEL residual, so they do not depend on the iteration count
 and no mode differentiates the while loop, second derivatives (``jax.hessian``, reverse over
 reverse) included. Non-convergence, a singular Jacobian or a non-finite result are reported per
@@ -64,7 +64,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._util import check_kinds, custom_root, is_concrete, where_tree
+from .numerics import check_kinds, is_concrete, where_tree
+from .newton import custom_root
 from .info import Status, StepInfo, make_info
 from .linalg import lu_factor_small, lu_solve_small, solve_small
 from .linalg import singular as linalg_singular
@@ -636,7 +637,7 @@ def _default_tol(dtype, rtol, atol):
 
 
 def _solve_del(system, q1, p1, u, rho, t1, dt, guess, rtol, atol, max_iter, forcing_split):
-    """Differentiable DEL solve (implicit function theorem via ``_util.custom_root``): x, aux."""
+    """Differentiable DEL solve (implicit function theorem via ``numerics.custom_root``): x, aux."""
     F = lambda x: del_residual(system, x, q1, p1, u, rho, t1, dt, forcing_split)
 
     def solve(f, x0):

@@ -31,7 +31,6 @@ from rigidjax.euler_parameters import (
     initial_state,
     newmark,
     output,
-    simulate_scenario,
 )
 from rigidjax.inertia import cuboid, cylinder
 from rigidjax.info import Status
@@ -517,7 +516,9 @@ def test_rotation_output_finite_at_gimbal_lock():
 
 @pytest.mark.slow
 def test_simulate_scenario_tennis_racket():
-    t, cols, summary = simulate_scenario(0.01, 2.0)
+    from rigidjax.scenarios import racquet_flip
+
+    t, cols, summary = racquet_flip("ep", 0.01, 2.0)
     assert t.shape == (201,)
     assert set(cols) == {"t", "x", "y", "z", "qw", "qx", "qy", "qz", "wx", "wy", "wz"}
     assert all(c.shape == (201,) for c in cols.values())
@@ -526,7 +527,7 @@ def test_simulate_scenario_tennis_racket():
     assert summary["angular_momentum_drift"] < 1e-5
     assert summary["max_constraint_violation"] < 1e-14
     with pytest.raises(ValueError, match="dt"):
-        simulate_scenario(0.0, 1.0)
+        racquet_flip("ep", 0.0, 1.0)
 
 
 @pytest.mark.slow

@@ -212,7 +212,7 @@ def test_float32_follows_dtype():
 def test_fixed_body_and_traced_body_give_the_same_rollout():
     # A body held fixed in a rollout is a constant of the compiled program: the step drops the
     # terms its zero entries multiply (diagonal inertia, resistance without coupling, no
-    # x-gravity: rigidjax._util.static_zeros). A traced body (a fit) keeps every term. The two
+    # x-gravity: rigidjax.numerics.static_zeros). A traced body (a fit) keeps every term. The two
     # programs differ only in operations on exact zeros, so they agree to round-off (1e-13
     # relative over 200 steps: ~1e-16 per operation, amplified by the motion's sensitivity).
     R = np.diag([0.3, 0.2, 0.1, 0.02, 0.03, 0.01])

@@ -17,7 +17,7 @@ import pytest
 
 import rigidjax as rj
 from rigidjax.info import Status
-from rigidjax.midpoint import packed_form
+from rigidjax.stepper import packed_form
 
 STEP = functools.partial(rj.midpoint_step, attitude="midpoint", max_rotation=0.05)
 
@@ -41,13 +41,15 @@ def _ensemble(E=3):
 
 
 def test_packed_form_recognises_midpoint_only():
-    assert packed_form(rj.midpoint_step) is not None
-    assert packed_form(STEP) is not None
-    assert packed_form(functools.partial(STEP, attitude="new")) is not None
-    assert packed_form(generic) is None
-    assert packed_form(functools.partial(rj.midpoint_step, max_rotation=1.0, other=1)) is None
+    BODY = _ensemble()[0]
+    assert packed_form(rj.midpoint_step, BODY) is not None
+    assert packed_form(STEP, BODY) is not None
+    assert packed_form(functools.partial(STEP, attitude="new"), BODY) is not None
+    assert packed_form(rj.Midpoint(attitude="midpoint"), BODY) is not None
+    assert packed_form(generic, BODY) is None
+    assert packed_form(functools.partial(rj.midpoint_step, max_rotation=1.0, other=1), BODY) is None
     with pytest.raises(ValueError, match="attitude"):
-        packed_form(functools.partial(rj.midpoint_step, attitude="old"))
+        packed_form(functools.partial(rj.midpoint_step, attitude="old"), BODY)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ initial state and a model parameter together.
 Independent truth: central differences of the gradient. The four compositions must also
 agree with each other (they are computed by different code: forward mode through the
 steps' custom JVP rules, reverse over reverse through the primal Newton solve's implicit
-derivative, see ``rigidjax._util.custom_root``).
+derivative, see ``rigidjax.numerics.custom_root``).
 
 Tolerances (float64): the compositions agree to 1e-9 relative to the largest entry (round-off
 through two linear solves per step, and the Newton solves' own tolerance ~eps^(2/3) ~ 4e-11);
@@ -133,11 +133,11 @@ def test_second_derivatives_through_the_discrete_adjoint():
 
 
 def test_custom_root_value_is_the_iterate_and_derivatives_are_implicit():
-    """``rigidjax._util.custom_root`` on x^3 + theta x - a = 0, solved by a Newton
+    """``rigidjax.numerics.custom_root`` on x^3 + theta x - a = 0, solved by a Newton
     ``while_loop`` inside a scan: the value is the Newton iterate bit for bit, and the first
     and second derivatives in theta, in all four compositions, are the implicit function's
     closed forms x' = -x / (3 x^2 + theta), x'' = -(6 x x'^2 + 2 x') / (3 x^2 + theta)."""
-    from rigidjax._util import custom_root
+    from rigidjax.numerics import custom_root
 
     def newton(F, x0):
         def body(c):
@@ -168,7 +168,7 @@ def test_custom_root_value_is_the_iterate_and_derivatives_are_implicit():
 def test_the_primitives_transpose_and_take_mixed_precisions():
     """``materialize`` is the identity and ``derivative_only`` the zero map as linear maps
     (``jax.linear_transpose``), and ``materialize`` takes float widths side by side."""
-    from rigidjax._util import derivative_only, materialize
+    from rigidjax.numerics import derivative_only, materialize
 
     x = jnp.arange(3.0)
     (t,) = jax.jit(jax.linear_transpose(lambda u: materialize(u, 2 * u)[1] + derivative_only(u), x))(jnp.ones(3))

@@ -472,9 +472,9 @@ def test_generalized_velocity_is_legendre_inverse():
 
 
 def test_simulate_scenario_tennis_racket_flip():
-    from rigidjax.systems import simulate_scenario
+    from rigidjax.scenarios import racquet_flip
 
-    t, cols, summary = simulate_scenario(0.01, 3.0)
+    t, cols, summary = racquet_flip("vi", 0.01, 3.0)
     assert set(cols) == {"t", "x", "y", "z", "qw", "qx", "qy", "qz", "wx", "wy", "wz"}
     assert t.shape == (301,) and all(v.shape == (301,) for v in cols.values())
     w = np.stack([cols["wx"], cols["wy"], cols["wz"]], -1)
@@ -487,7 +487,7 @@ def test_simulate_scenario_tennis_racket_flip():
     assert summary["max_constraint_violation"] < 1e-13
     assert 1 <= summary["mean_newton_iterations"] <= 5 and summary["failed_steps"] == 0
     with pytest.raises(ValueError, match="dt must be > 0"):
-        simulate_scenario(0.0, 1.0)
+        racquet_flip("vi", 0.0, 1.0)
 
 
 def test_step_rotation_reports_the_input_motion_and_flags_the_limit():

@@ -132,7 +132,7 @@ jax.interpreters.ad.primitive_transposes[_materialize_p] = lambda cts, *xs: list
 def derivative_only(x):
     """Zero with the derivative of ``x``: ``x - stop_gradient(x)`` whose value is an exact
     zero XLA knows of, so everything that only feeds it is dead code until it is
-    differentiated (see :func:`custom_root`). Same shape, dtype and pytree as ``x``."""
+    differentiated (see :func:`rigidjax.newton.custom_root`). Same shape, dtype and pytree as ``x``."""
     return jax.tree_util.tree_map(_derivative_only_p.bind, x)
 
 
@@ -146,36 +146,6 @@ jax.interpreters.batching.primitive_batchers[_derivative_only_p] = lambda a, d: 
 jax.interpreters.ad.primitive_jvps[_derivative_only_p] = lambda p, t: (_derivative_only_p.bind(p[0]), t[0])
 # as a linear map its value is the zero map, whose transpose is zero
 jax.interpreters.ad.primitive_transposes[_derivative_only_p] = lambda ct, x: [jax.interpreters.ad.Zero(x.aval)]
-
-
-def custom_root(f, z0, solve, tangent_solve):
-    """:func:`jax.lax.custom_root` (``has_aux=True``) whose solution is differentiable to
-    second order in every mode, reverse over reverse included.
-
-    ``custom_root`` gives derivatives of the converged solution by the implicit function
-    theorem, but an outer reverse pass over an inner one (``jacrev(jacrev)`` of a rollout)
-    meets the solve itself: inside ``lax.scan``, linearisation inlines the primal, and the
-    Newton ``while_loop`` cannot be transposed. So the solution leaves the solve as
-    ``z* - derivative_only(tangent_solve(f'(z*), f(z*)))`` with ``z*`` the Newton iterate,
-    computed from stopped inputs: the value is exactly ``z*`` (the correction term compiles away), and its
-    derivative is the implicit one, ``-f_z^-1 f_theta``, written in ordinary operations. That
-    first derivative is all a Hessian needs from the solution (the second comes from
-    differentiating the linear solve of the inner pass). ``solve(f, z0) -> (z, aux)`` and
-    ``tangent_solve(g, y)`` are those of :func:`jax.lax.custom_root`.
-    """
-
-    def solve_then_mark(f, z0):
-        # the iteration sees every closed-over value stopped: where the solve is inlined, an
-        # outer derivative would otherwise differentiate the whole while_loop (only to drop
-        # it: an Euler-parameter Hessian compiled 10 minutes) rather than skip it
-        loop, closed = jax.closure_convert(lambda z: solve(f, z), z0)
-        z, aux = loop(jax.lax.stop_gradient(z0), *(jax.lax.stop_gradient(c) for c in closed))
-        z = jax.lax.stop_gradient(z)
-        r, lin = jax.linearize(f, z)  # traced once, whatever tangent_solve evaluates
-        correction = tangent_solve(lin, r)
-        return jax.tree_util.tree_map(lambda a, c: a - derivative_only(c), z, correction), aux
-
-    return jax.lax.custom_root(f, z0, solve_then_mark, tangent_solve, has_aux=True)
 
 
 def materialize_chunks(*xs, size: int):
@@ -298,15 +268,64 @@ def partial_jvp(fn, args, slots, tangents, dtype):
     return tuple(o if d else 0.0 for o, d in zip(out, dep))
 
 
-def unwrap_partial(step):
-    """``(function, keyword options)`` of a step bound through (nested) ``functools.partial``
-    with keywords only; ``(None, {})`` if any positional argument is bound."""
-    import functools
+# ----------------------------------------------------------------------------- per-component algebra
+# Closed-form small algebra on per-component arrays ("structure of arrays"): a 3-vector is a
+# tuple of 3 arrays of the batch shape, a 3x3 matrix a tuple of 3 such row tuples. Every
+# operation is elementwise, so XLA fuses and vectorises it over the batch; no LAPACK call.
 
-    kwargs = {}
-    while isinstance(step, functools.partial):
-        if step.args:
-            return None, {}
-        kwargs = {**step.keywords, **kwargs}
-        step = step.func
-    return step, kwargs
+
+def comps(a, n):
+    a = jnp.asarray(a)
+    return tuple(a[..., i] for i in range(n))
+
+
+def block(A, rows, cols):
+    A = jnp.asarray(A)
+    return tuple(tuple(A[..., i, j] for j in cols) for i in rows)
+
+
+# Entries may be structural zeros (``0.0``, :func:`static_zero`: a model held fixed with
+# diagonal inertia, no resistance, no gravity); the terms they multiply are not traced.
+
+
+def mv(A, x):
+    return tuple(sum_nonzero(zip(r, x)) for r in A)
+
+
+def mm(A, B):
+    return tuple(tuple(sum_nonzero((r[k], B[k][j]) for k in range(3)) for j in range(3)) for r in A)
+
+
+def cross(a, b):
+    return (a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0])
+
+
+def inv3(A):
+    """Inverse of a 3x3 (tuple form) by cofactors of ``A/s``, ``s`` the mean |diagonal|.
+
+    The scaling keeps ``det`` in range in float32 for any units (e.g. ``I/dt ~ 1e-17`` for a
+    milligram body); a singular ``A`` gives inf/NaN, caught by the step's finiteness check.
+    """
+    if all(static_zero(A[i][j]) for i in range(3) for j in range(3) if i != j):
+        return tuple(tuple(1 / A[i][i] if i == j else 0.0 for j in range(3)) for i in range(3))
+    s = (jnp.abs(A[0][0]) + jnp.abs(A[1][1]) + jnp.abs(A[2][2])) / 3
+    r = 1 / s
+    zero = jnp.zeros_like(s)
+    (a, b, c), (d, e, f), (g, h, i) = ((zero if static_zero(x) else x * r for x in row) for row in A)
+    c00, c01, c02 = e * i - f * h, c * h - b * i, b * f - c * e
+    c10, c11, c12 = f * g - d * i, a * i - c * g, c * d - a * f
+    c20, c21, c22 = d * h - e * g, b * g - a * h, a * e - b * d
+    k = r / (a * c00 + b * c10 + c * c20)
+    return ((c00 * k, c01 * k, c02 * k), (c10 * k, c11 * k, c12 * k), (c20 * k, c21 * k, c22 * k))
+
+
+def stack(cs):
+    shape = jnp.broadcast_shapes(*(jnp.shape(c) for c in cs))
+    return jnp.stack([jnp.broadcast_to(c, shape) for c in cs], -1)
+
+
+def norm3(c):
+    # safe_norm: zero gradient (not NaN) at zero
+    sq = c[0] * c[0] + c[1] * c[1] + c[2] * c[2]
+    pos = sq > 0
+    return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1)), 0)

@@ -27,13 +27,16 @@ autodiff through the same rollout in ``tests/test_adjoint.py``.
 
 from __future__ import annotations
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
-from jaxlie.utils import get_epsilon
+from .. import so3
 
-from ._util import materialize_chunks
+from ..info import FAILURES
+from ..numerics import cross, inv3, materialize, materialize_chunks, mm, mv
 
-from .midpoint import MidpointCarry, _cross, _inv3, _materialize, _mm, _model_parts, _mv
+from .core import MidpointCarry
+from .equations import _model_parts
 
 __all__ = ["step_vjp", "model_constants", "unflatten_params", "carry_to_array", "carry_from_array", "ACC_SIZES"]
 
@@ -54,9 +57,9 @@ def model_constants(body, dt):
     A11 = tuple(tuple((m_dt if i == j else 0) + R[i][j] for j in range(3)) for i in range(3))
     A12 = tuple(R[i][3:] for i in range(3))
     A21 = tuple(R[3 + i][:3] for i in range(3))
-    inv11 = _inv3(A11)
-    P = _mm(inv11, A12)
-    return m, J, R, g, inv11, P, A21, _mm(A21, P)
+    inv11 = inv3(A11)
+    P = mm(inv11, A12)
+    return m, J, R, g, inv11, P, A21, mm(A21, P)
 
 
 def step_vjp(consts, c0: MidpointCarry, c1: MidpointCarry, ok, dt, lam1, ct1: MidpointCarry, rot_bar, acc, attitude):
@@ -91,7 +94,7 @@ def step_vjp(consts, c0: MidpointCarry, c1: MidpointCarry, ok, dt, lam1, ct1: Mi
     inv_dt = 1 / dt
 
     # --- stage 1: the step's nonlinear intermediates (Schur inverse, exp, product, norm) ---
-    Jw = _mv(J, w)
+    Jw = mv(J, w)
     hIw = ((0, -Jw[2], Jw[1]), (Jw[2], 0, -Jw[0]), (-Jw[1], Jw[0], 0))
     hwJ = (
         tuple(w[1] * J[2][j] - w[2] * J[1][j] for j in range(3)),
@@ -102,28 +105,21 @@ def step_vjp(consts, c0: MidpointCarry, c1: MidpointCarry, ok, dt, lam1, ct1: Mi
         tuple(J[i][j] * inv_dt + R[3 + i][3 + j] - 0.5 * (hIw[i][j] - hwJ[i][j]) - A21P[i][j] for j in range(3))
         for i in range(3)
     )
-    Sinv = _inv3(S)
+    Sinv = inv3(S)
     w_att = w1 if attitude == "new" else tuple(0.5 * (a + b) for a, b in zip(w, w1))
     phi = tuple(dt * c for c in w_att)
     t2 = _dot(phi, phi)
-    taylor = t2 < get_epsilon(jnp.dtype(dtype))
-    th = jnp.sqrt(jnp.where(taylor, jnp.ones_like(t2), t2))
-    half_s, half_c = jnp.sin(0.5 * th), jnp.cos(0.5 * th)
-    C = jnp.where(taylor, 1.0 - t2 / 8.0 + t2 * t2 / 384.0, half_c)
-    Sf = jnp.where(taylor, 0.5 - t2 / 48.0 + t2 * t2 / 3840.0, half_s / th)
-    t2s = jnp.where(taylor, jnp.ones_like(t2), t2)
-    dC = jnp.where(taylor, -1.0 / 8.0 + t2 / 192.0, -Sf / 4)  # dC/d(t2)
-    dS = jnp.where(taylor, -1.0 / 48.0 + t2 / 1920.0, (C / 2 - Sf) / (2 * t2s))  # dS/d(t2)
+    C, Sf, dC, dS = so3.exp_coefficients(t2)  # dC, dS: derivatives in t2
     e0, ev = C, tuple(Sf * p for p in phi)
     q0, qv = q[0], q[1:]
     r0 = q0 * e0 - _dot(qv, ev)
-    rv = tuple(q0 * ev[i] + e0 * qv[i] + c for i, c in enumerate(_cross(qv, ev)))
+    rv = tuple(q0 * ev[i] + e0 * qv[i] + c for i, c in enumerate(cross(qv, ev)))
     # norms are materialised before anything divides by them: a fused x / sqrt(.) becomes
     # XLA's rsqrt, which has no float64 vector form and would leave the loop scalar. Two
     # loops (the block inverse; the exponential map and |q ⊗ e|): one loop with all 20
     # outputs compiled to scalar code (measured at N = 256)
-    *Sinv, n0, nw1 = _materialize(*sum(Sinv, ()), jnp.sqrt(_dot(w, w)), jnp.sqrt(_dot(w1, w1)))
-    C, Sf, dC, dS, n = _materialize(C, Sf, dC, dS, jnp.sqrt(r0 * r0 + _dot(rv, rv)))
+    *Sinv, n0, nw1 = materialize(*sum(Sinv, ()), jnp.sqrt(_dot(w, w)), jnp.sqrt(_dot(w1, w1)))
+    C, Sf, dC, dS, n = materialize(C, Sf, dC, dS, jnp.sqrt(r0 * r0 + _dot(rv, rv)))
     Sinv = tuple(tuple(Sinv[3 * i : 3 * i + 3]) for i in range(3))
 
     # --- stage 2: the transpose, output by output ---
@@ -132,13 +128,13 @@ def step_vjp(consts, c0: MidpointCarry, c1: MidpointCarry, ok, dt, lam1, ct1: Mi
     q1 = c1.orientation  # = r / n as stored by the forward step (where accepted)
     # q' = r / |r|
     proj = _dot(q1, qb1)
-    rb = _materialize(*((qb1[i] - q1[i] * proj) / n for i in range(4)))
+    rb = materialize(*((qb1[i] - q1[i] * proj) / n for i in range(4)))
     rb0, rbv = rb[0], rb[1:]
     # r = q ⊗ e: q̄ = R(e)^T r̄, ē = L(q)^T r̄
-    qbar_v = tuple(-rb0 * ev[i] + e0 * rbv[i] + c for i, c in enumerate(_cross(ev, rbv)))
+    qbar_v = tuple(-rb0 * ev[i] + e0 * rbv[i] + c for i, c in enumerate(cross(ev, rbv)))
     qbar = (rb0 * e0 + _dot(rbv, ev),) + qbar_v
     eb0 = rb0 * q0 + _dot(qv, rbv)
-    ebv = tuple(-rb0 * qv[i] + q0 * rbv[i] + c for i, c in enumerate(_cross(rbv, qv)))
+    ebv = tuple(-rb0 * qv[i] + q0 * rbv[i] + c for i, c in enumerate(cross(rbv, qv)))
     # e = (C(t2), S(t2) phi), t2 = |phi|^2
     k = 2 * dC * eb0 + 2 * dS * _dot(phi, ebv)
     phib = tuple(k * phi[i] + Sf * ebv[i] for i in range(3))
@@ -165,31 +161,31 @@ def step_vjp(consts, c0: MidpointCarry, c1: MidpointCarry, ok, dt, lam1, ct1: Mi
     dt_bar = dt_bar + _dot(xb1, v1) + ct1.time
     # dV = A^-1 rhs: lambda = A^-T (v̄', ω̄') by the transposed block elimination
     # materialised: every later quantity reads these (XLA would otherwise recompute them per use)
-    out = _materialize(*vb1, *wb1, *wb, *qbar, dt_bar)
+    out = materialize(*vb1, *wb1, *wb, *qbar, dt_bar)
     y_v, y_w, wb, qbar, dt_bar = tuple(out[:3]), tuple(out[3:6]), list(out[6:9]), tuple(out[9:13]), out[13]
     wb1 = y_w
     lam_w = _mtv(Sinv, tuple(y_w[i] - c for i, c in enumerate(_mtv(P, y_v))))
     lam_v = _mtv(inv11, tuple(y_v[i] - c for i, c in enumerate(_mtv(A21, lam_w))))
-    lam = _materialize(*lam_v, *lam_w)
+    lam = materialize(*lam_v, *lam_w)
     lam_v, lam_w = lam[:3], lam[3:]
     V1 = v1 + w1
     R_bar = tuple(tuple(-lam[i] * V1[j] for j in range(6)) for i in range(6))
     dVv, dVw = dV[:3], dV[3:]
-    JdVw = _mv(J, dVw)
+    JdVw = mv(J, dVw)
     m_bar = -_dot(lam_v, dVv) * inv_dt + _dot(g, lam_v)
     dt_bar = dt_bar + (m * _dot(lam_v, dVv) + _dot(lam_w, JdVw)) * inv_dt * inv_dt
     g_bar = tuple(m * c for c in lam_v)
     # K and the gyroscopic term: a = z x lam_w (K, z = dV_w/2), b = w x lam_w (w x J w)
     z = tuple(0.5 * c for c in dVw)
-    a = _cross(z, lam_w)
-    b = _cross(w, lam_w)
+    a = cross(z, lam_w)
+    b = cross(w, lam_w)
     ab = tuple(a[i] + b[i] for i in range(3))
-    wxl = _cross(w, lam_w)
+    wxl = cross(w, lam_w)
     J_bar = tuple(
         tuple(ab[i] * w[j] + wxl[i] * z[j] - lam_w[i] * dVw[j] * inv_dt for j in range(3)) for i in range(3)
     )
-    JzW = _mv(J, tuple(z[i] + w[i] for i in range(3)))
-    gw = _cross(lam_w, JzW)
+    JzW = mv(J, tuple(z[i] + w[i] for i in range(3)))
+    gw = cross(lam_w, JzW)
     JTab = _mtv(J, ab)
     RTl = tuple(sum(R[i][j] * lam[i] for i in range(6)) for j in range(6))
     vb = tuple(vb1[j] - RTl[j] for j in range(3))
@@ -216,9 +212,9 @@ def step_vjp(consts, c0: MidpointCarry, c1: MidpointCarry, ok, dt, lam1, ct1: Mi
     wrench_bar = tuple(jnp.where(ok, c, zero) for c in lam)
     # loops of <= 8 outputs, each within one group: wide loops (here up to 70 outputs
     # reading ~60 arrays) compile to scalar code (measured 2-3x slower at N = 256)
-    ct0 = _materialize(*ct0[:7]) + _materialize(*ct0[7:])
+    ct0 = materialize(*ct0[:7]) + materialize(*ct0[7:])
     new_acc = tuple(materialize_chunks(*g_, size=8) for g_ in new_acc)
-    out = _materialize(*wrench_bar, dt_bar)
+    out = materialize(*wrench_bar, dt_bar)
     return jnp.stack(ct0), tuple(jnp.stack(g_) for g_ in new_acc), out[:6], out[6]
 
 
@@ -242,3 +238,87 @@ def unflatten_params(acc):
     return m[0], jnp.moveaxis(J.reshape((3, 3) + J.shape[1:]), (0, 1), (-2, -1)), jnp.moveaxis(
         R.reshape((6, 6) + R.shape[1:]), (0, 1), (-2, -1)
     ), jnp.moveaxis(g, 0, -1)
+
+
+def _unbroadcast(x, shape):
+    """Sum ``x`` down to ``shape`` (the transpose of broadcasting)."""
+    x = jnp.asarray(x)
+    lead = x.ndim - len(shape)
+    x = jnp.sum(x, axis=tuple(range(lead))) if lead > 0 else x
+    axes = tuple(i for i, (a, b) in enumerate(zip(x.shape, shape)) if b == 1 and a != 1)
+    return jnp.sum(x, axis=axes, keepdims=True) if axes else x
+
+
+def discrete_adjoint_scan(body, model, carry0, dt_arr, xs_load, n, *, attitude):
+    """``lax.scan(body, carry0, (dt, loads), length=n)`` of the packed midpoint step, with its
+    reverse-mode derivative by the reverse sweep of :func:`step_vjp` (:class:`rigidjax.stepper.PackedStep`'s
+    ``discrete_adjoint``). ``body`` is the rollout's scan body on ``(carry, fail code, clock
+    compensation)``; returns the stacked ``(states, info)``."""
+
+    per_step_dt = dt_arr.ndim == 1
+
+    def forward(model, carry0, dt_arr, xs_load):
+        b = lambda c, x: body(c, x, model=model, dt_arr=dt_arr)  # noqa: E731
+        _, (states, info) = jax.lax.scan(b, carry0, (dt_arr if per_step_dt else None, xs_load), length=n)
+        return states, info
+
+    @jax.custom_vjp
+    def run(model, carry0, dt_arr, xs_load):
+        return forward(model, carry0, dt_arr, xs_load)
+
+    def run_fwd(model, carry0, dt_arr, xs_load):
+        out = forward(model, carry0, dt_arr, xs_load)
+        return out, (model, carry0, dt_arr, xs_load, out)
+
+    def run_bwd(res, ct):
+        model, (state0, _, _), dt_arr, xs_load, (states, info) = res
+        ct_states, ct_info = ct
+        dtype = state0.angular_velocity[0].dtype
+        ok = ~jnp.isin(info.status, jnp.asarray([int(c) for c in FAILURES], jnp.int32))
+        batch = jnp.shape(state0.time)
+        consts = None if per_step_dt else model_constants(model, jnp.asarray(dt_arr, dtype))
+
+        def back(carry, xs):
+            lam, acc = carry
+            k, c1, ok_k, ct1, rot_bar, dt_k, load_k = xs
+            # the state before step k read in place (a shifted copy of the trajectory would be
+            # another n_steps x 14 x batch buffer, page-faulted afresh on every call)
+            c0 = jax.tree_util.tree_map(
+                lambda a0, a: jnp.where(k == 0, a0, jax.lax.dynamic_index_in_dim(a, jnp.maximum(k - 1, 0), keepdims=False)),
+                state0,
+                states,
+            )
+            dt_k = jnp.asarray(dt_arr if dt_k is None else dt_k, dtype)
+            cs = consts if consts is not None else model_constants(model, dt_k)
+            lam, acc, wrench_bar, dt_bar = step_vjp(cs, c0, c1, ok_k, dt_k, lam, ct1, rot_bar, acc, attitude)
+            return (lam, acc), (wrench_bar, dt_bar)
+
+        lam0 = jnp.zeros((14, *batch), dtype)
+        acc0 = tuple(jnp.zeros((k, *batch), dtype) for k in ACC_SIZES)
+        xs = (jnp.arange(n), states, ok, ct_states, ct_info.rotation, dt_arr if per_step_dt else None, xs_load)
+        (lam, acc), (wrench_bar, dt_bar) = jax.lax.scan(back, (lam0, acc0), xs, length=n, reverse=True)
+        m_bar, J_bar, R_bar, g_bar = unflatten_params(acc)
+        model_bar = eqx.tree_at(
+            lambda b: (b.mass, b.inertia, b.resistance, b.gravity),
+            model,
+            (
+                _unbroadcast(m_bar, jnp.shape(model.mass)),
+                _unbroadcast(J_bar, jnp.shape(model.inertia)),
+                _unbroadcast(R_bar, jnp.shape(model.resistance)),
+                _unbroadcast(g_bar, jnp.shape(model.gravity)),
+            ),
+        )
+        if per_step_dt:
+            dt_bar_out = jnp.sum(dt_bar.reshape(n, -1), -1).astype(dt_arr.dtype)
+        else:
+            dt_bar_out = jnp.sum(acc[4]).astype(dt_arr.dtype)
+        load_bar = None
+        if xs_load is not None:
+            wb = jnp.stack(wrench_bar, -1)  # (n, *batch, 6); each step's load broadcast to (*batch, 6)
+            load_bar = jax.vmap(lambda w: _unbroadcast(w, jnp.shape(xs_load)[1:]))(wb).astype(xs_load.dtype)
+        lam = carry_from_array(lam)
+        carry0_bar = (jax.tree_util.tree_map(lambda a, s0: _unbroadcast(a, jnp.shape(s0)), lam, state0), None, None)
+        return model_bar, carry0_bar, dt_bar_out, load_bar
+
+    run.defvjp(run_fwd, run_bwd)
+    return run(model, carry0, dt_arr, xs_load)

@@ -1,0 +1,111 @@
+"""The stepper protocol: what :func:`rigidjax.rollout` and :func:`rigidjax.ensemble_rollout` ask of a step.
+
+A *step* is any callable ``step(model, state, inputs, dt) -> (state, info)`` with ``info`` a
+:class:`rigidjax.StepInfo`. The rollouts run any such callable through its public form. A
+*stepper object* (a subclass of :class:`AbstractStepper`: an ``equinox.Module`` whose fields
+are its options, e.g. :class:`rigidjax.Midpoint`) may also offer a faster equivalent form
+through :meth:`AbstractStepper.packed`; the rollouts ask for it and import no stepper.
+
+A plain step function (``rigidjax.midpoint_step``, ``ep_step``, ``vi_step``) names its
+stepper class in the attribute ``stepper``: :func:`as_stepper` turns the function, or a
+``functools.partial`` of it with keyword options only, into that class's object, so
+``rollout(partial(midpoint_step, attitude="midpoint"), ...)`` runs the fast form as
+``rollout(Midpoint(attitude="midpoint"), ...)`` does.
+
+Layers (``docs/architecture.md``): this module sits above :mod:`rigidjax.info` and below the
+steppers and rollouts; it imports neither.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import functools
+from typing import Callable
+
+import equinox as eqx
+
+__all__ = ["AbstractStepper", "PackedStep", "as_stepper", "packed_form", "unwrap_partial"]
+
+
+class PackedStep(eqx.Module):
+    """A stepper's structure-of-arrays form, for the rollouts' fast path.
+
+    Fields (all static: functions, not data):
+        pack: ``pack(state) -> carry``, the public state as per-component arrays.
+        unpack: ``unpack(carry, like) -> state``, back to the layout of ``like`` (a state or
+            a shape-only template of one).
+        step: ``step(model, carry, inputs, dt, active) -> (carry, info)``: equal to the public
+            step on ``unpack(carry)`` for members where ``active`` is True (the same iterates,
+            round-off apart) and returning inactive members unchanged.
+        check: ``check(model, state, inputs, dt)``: the public step's shape checks (raises
+            ``ValueError``/``TypeError`` at trace time), run on the public view.
+        discrete_adjoint: ``None``, or ``discrete_adjoint(body, model, carry0, dt, loads, n)
+            -> (states, info)``: the scan of ``body`` over ``n`` steps with a hand-written
+            reverse-mode derivative (``rollout(..., adjoint="discrete")``).
+        native_batch: ``step`` takes leading ensemble axes on model, carry and inputs as they
+            are, so :func:`rigidjax.ensemble_rollout` runs one rollout over its local members
+            (every component contiguous over them) instead of ``vmap`` over members.
+    """
+
+    pack: Callable = eqx.field(static=True)
+    unpack: Callable = eqx.field(static=True)
+    step: Callable = eqx.field(static=True)
+    check: Callable = eqx.field(static=True)
+    discrete_adjoint: Callable | None = eqx.field(static=True, default=None)
+    native_batch: bool = eqx.field(static=True, default=False)
+
+
+class AbstractStepper(eqx.Module):
+    """Base of the stepper objects: options as (static) fields, called as a step.
+
+    Subclasses implement ``__call__(model, state, inputs, dt) -> (state, info)`` and may
+    override :meth:`packed`. Options are checked when the object is made (``ValueError``).
+    """
+
+    @abc.abstractmethod
+    def __call__(self, model, state, inputs, dt):
+        """One step: ``(new_state, rigidjax.StepInfo)``."""
+
+    def packed(self, model) -> PackedStep | None:
+        """The structure-of-arrays form of this stepper on ``model``, or ``None`` where there
+        is none (the rollouts then run :meth:`__call__`)."""
+        return None
+
+
+def unwrap_partial(step):
+    """``(function, keyword options)`` of a step bound through (nested) ``functools.partial``
+    with keywords only; ``(None, {})`` if any positional argument is bound."""
+    kwargs = {}
+    while isinstance(step, functools.partial):
+        if step.args:
+            return None, {}
+        kwargs = {**step.keywords, **kwargs}
+        step = step.func
+    return step, kwargs
+
+
+def as_stepper(step):
+    """The stepper object behind ``step``, or ``step`` itself.
+
+    ``step`` is returned as it is when it already is an :class:`AbstractStepper` or a callable
+    that names no stepper class. A function with a ``stepper`` attribute (the class), bare or
+    bound through ``functools.partial`` with keyword options that are all fields of that class,
+    gives ``stepper(**options)``: invalid option values raise that class's ``ValueError``.
+    Options the class does not have leave ``step`` as it is (its public form then runs).
+    """
+    if isinstance(step, AbstractStepper):
+        return step
+    fn, kwargs = unwrap_partial(step)
+    cls = getattr(fn, "stepper", None)
+    if cls is None or not (isinstance(cls, type) and issubclass(cls, AbstractStepper)):
+        return step
+    if not set(kwargs) <= {f.name for f in dataclasses.fields(cls)}:
+        return step
+    return cls(**kwargs)
+
+
+def packed_form(step, model) -> PackedStep | None:
+    """The :class:`PackedStep` the rollouts use for ``step`` on ``model``, or ``None``."""
+    stepper = as_stepper(step)
+    return stepper.packed(model) if isinstance(stepper, AbstractStepper) else None
