@@ -20,20 +20,14 @@ Why not lineax: ``lineax.LU``/``QR``/``Cholesky`` factor through ``jax.scipy.lin
 iterative (GMRES, BiCGStab, CG: tolerance-driven, no pivot information for a singularity
 test), so it does not serve here.
 
-Speed (measured, 2-core CPU VM, jax 0.10.2, float64, ``jit(vmap(solve))``, batch 4096):
-n = 10: 9.9 ms (LAPACK ``jnp.linalg.solve``: 11-14 ms); n = 16: 95 ms (LAPACK 28 ms,
-compile 8 s). In the steps (N = 4096 torque-free bodies, float64) throughput is within the
-noise of the LAPACK version (0 to -15 %), compiling a step takes ~4 s longer (an
-elimination compiles into ~50 XLA kernels), and the results agree to round-off (the same
-pivots; identical Newton iteration counts). So the elimination buys robustness, not speed.
-Above :data:`SMALL_MAX` (where O(n^3) unrolled operations would not pay in compile time) the
-same ``getf2``/``getrs`` run as rolled ``fori_loop``s over the columns (masked full-size
-updates; n = 22, batch 4096: 126 ms against LAPACK's 39 ms), again with no custom call: with
-LAPACK there, an ensemble of two jointed Euler-parameter bodies (22 unknowns) sharded over 2
-host devices hung forever on the 2-core VM (each device's batched ``getrf`` waited for tasks
-queued on the shared 2-thread pool; ``tests/test_linalg.py``, slow marker).
-``rigidjax.linalg.USE_LAPACK = True`` before tracing restores LAPACK above
-:data:`SMALL_MAX` (``SMALL_MAX = 0`` as well: LAPACK everywhere).
+Cost: below :data:`SMALL_MAX` unknowns the unrolled elimination runs about as fast as batched
+LAPACK under ``vmap`` and compiles into a few dozen XLA kernels; above it the same ``getf2``/
+``getrs`` run as rolled ``fori_loop``s over the columns (masked full-size updates: a few times
+LAPACK's time for one large system), again with no custom call. The elimination buys
+robustness, not speed: batched LAPACK custom calls inside a vmapped scan can deadlock
+XLA:CPU's shared thread pool when the host is split into several devices on a 2-core machine
+(``benchmarks/README.md``; ``tests/test_linalg.py``, slow marker). ``method="lapack"`` on every
+solve here chooses LAPACK instead; the steppers expose it as their ``linear_solver`` option.
 
 Singularity: as LAPACK, a column with no nonzero pivot candidate is skipped (multipliers 0)
 and the zero pivot appears in ``U``; :func:`solve_small_pivots` returns ``|U_ii|`` and
@@ -48,19 +42,29 @@ solve.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .numerics import materialize, static_zero
+
 #: Largest ``n`` solved by the unrolled elimination; larger systems by the rolled one. Chosen by
 #: measurement (module docstring): break-even with batched LAPACK near n = 10-12; one
 #: Euler-parameter body has 10 unknowns, one variational rigid body 8.
 SMALL_MAX = 12
-#: Above :data:`SMALL_MAX`: ``False`` (default) eliminates in a rolled loop (no custom call);
-#: ``True`` calls LAPACK (faster for one large system, but exposed to the deadlock above).
-USE_LAPACK = False
+#: The linear-solver choices of every solve here (``method=``): ``"elimination"`` (default;
+#: the unrolled elimination up to :data:`SMALL_MAX`, the rolled one above, no custom call) or
+#: ``"lapack"`` (XLA's LAPACK ``getrf``/``getrs`` at every size: faster for one large system,
+#: but exposed to the batched-call deadlock of the module docstring).
+METHODS = ("elimination", "lapack")
+
+
+def _check_method(method: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"linear solver method must be one of {METHODS}; got {method!r}")
 
 
 def _check(A, b, where):
@@ -73,6 +77,11 @@ def _check(A, b, where):
 
 
 class _LapackLU(NamedTuple):
+    lu: jax.Array
+    piv: jax.Array
+
+
+class _RolledLU(NamedTuple):
     lu: jax.Array
     piv: jax.Array
 
@@ -124,16 +133,19 @@ def _rolled_lu_solve(lu, piv, B):
     return jax.lax.fori_loop(0, n, backward, R)
 
 
-def _lu_factor(A):
+def _lu_factor(A, method="elimination"):
     """One unbatched ``A (n, n)``: the factors of ``P A = L U`` and ``|U_ii| (n,)``.
 
     Small ``n``: per stage ``k`` the pivot's index in the active block, the multipliers
     (``m - 1``) and the pivot row of ``U`` (``m``); above :data:`SMALL_MAX` the rolled
-    ``getf2`` (or LAPACK's with :data:`USE_LAPACK`)."""
+    ``getf2``; with ``method="lapack"`` LAPACK's ``getrf``."""
     n = A.shape[-1]
-    if n > SMALL_MAX:
-        lu, piv = jax.scipy.linalg.lu_factor(A) if USE_LAPACK else _rolled_lu_factor(A)
+    if method == "lapack":
+        lu, piv = jax.scipy.linalg.lu_factor(A)
         return _LapackLU(lu, piv), jnp.abs(jnp.diagonal(lu))
+    if n > SMALL_MAX:
+        lu, piv = _rolled_lu_factor(A)
+        return _RolledLU(lu, piv), jnp.abs(jnp.diagonal(lu))
     S = A  # active block (m, m), m = n - k
     stages = []
     for k in range(n):
@@ -159,7 +171,9 @@ def _lu_factor(A):
 def _lu_solve(factors, B):
     """``x (n, k)`` from :func:`_lu_factor`'s factors of one ``A`` and ``B (n, k)``. Linear in ``B``."""
     if isinstance(factors, _LapackLU):
-        return jax.scipy.linalg.lu_solve(tuple(factors), B) if USE_LAPACK else _rolled_lu_solve(*factors, B)
+        return jax.scipy.linalg.lu_solve(tuple(factors), B)
+    if isinstance(factors, _RolledLU):
+        return _rolled_lu_solve(*factors, B)
     stages = factors
     if not stages:
         return B
@@ -179,9 +193,9 @@ def _lu_solve(factors, B):
     return jnp.stack(_back_substitute(urows, rrows))
 
 
-def _eliminate(A, B):
+def _eliminate(A, B, method="elimination"):
     """One unbatched system ``A (n, n)``, ``B (n, k)``: ``(x (n, k), |U_ii| (n,))``. Linear in ``B``."""
-    factors, pivots = _lu_factor(A)
+    factors, pivots = _lu_factor(A, method)
     return _lu_solve(factors, B), pivots
 
 
@@ -221,25 +235,27 @@ def _prepare(A, b, where):
     return A, (b[..., None] if vector else b), vector
 
 
-def solve_small_pivots(A: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array]:
+def solve_small_pivots(A: jax.Array, b: jax.Array, *, method: str = "elimination") -> tuple[jax.Array, jax.Array]:
     """Solve ``A x = b`` and return the pivot magnitudes: ``(x, |U_ii|)``.
 
     Args:
         A: ``(..., n, n)``.
         b: ``(..., n)`` (one right-hand side: ``b.ndim == A.ndim - 1``) or ``(..., n, k)``
             (``b.ndim == A.ndim``); batch axes broadcast against ``A``'s.
+        method: one of :data:`METHODS` (default ``"elimination"``: no LAPACK call).
 
     Returns:
         ``x`` (shape of ``b``, batch axes broadcast) and ``(..., n)`` the magnitudes of the
         pivots ``|U_ii|`` of ``P A = L U`` (for :func:`singular`); dtype of ``A`` and ``b``
-        promoted. No LAPACK call (unless :data:`USE_LAPACK`). Not differentiated w.r.t. ``A``
+        promoted. Not differentiated w.r.t. ``A``
         by a rule of its own (use :func:`solve_small` for derivatives); linear in ``b``.
 
     Raises:
         ValueError: non-square ``A`` or ``b`` of the wrong shape.
     """
+    _check_method(method)
     A, B, vector = _prepare(A, b, "solve_small_pivots")
-    X, piv = _batched(_eliminate, A, B)
+    X, piv = _batched(lambda a, r: _eliminate(a, r, method), A, B)
     return (X[..., 0] if vector else X), piv
 
 
@@ -253,27 +269,29 @@ class SmallLU(NamedTuple):
         return _lu_last(self.factors).shape[:-1]
 
 
-def lu_factor_small(A: jax.Array) -> tuple[SmallLU, jax.Array]:
+def lu_factor_small(A: jax.Array, *, method: str = "elimination") -> tuple[SmallLU, jax.Array]:
     """Factor ``P A = L U`` once for several solves (e.g. a simplified-Newton update).
 
     Args:
         A: ``(..., n, n)``, floating point.
+        method: one of :data:`METHODS` (default ``"elimination"``: no LAPACK call).
 
     Returns:
         ``(lu, pivots)``: the factors for :func:`lu_solve_small` and ``(..., n)`` the pivot
         magnitudes ``|U_ii|`` (for :func:`singular`). The same elimination as
-        :func:`solve_small_pivots` (equal results); no LAPACK call (unless :data:`USE_LAPACK`). Not
+        :func:`solve_small_pivots` (equal results). Not
         differentiated by a rule of its own.
 
     Raises:
         ValueError: non-square ``A``.
     """
+    _check_method(method)
     A = jnp.asarray(A)
     if A.ndim < 2 or A.shape[-1] != A.shape[-2]:
         raise ValueError(f"lu_factor_small: A must have shape (..., n, n); got {A.shape}")
     if not jnp.issubdtype(A.dtype, jnp.inexact):
         A = A.astype(jnp.result_type(A.dtype, jnp.float32))
-    fn = _lu_factor
+    fn = functools.partial(_lu_factor, method=method)
     for _ in A.shape[:-2]:
         fn = jax.vmap(fn)
     if A.shape[-1] == 0:
@@ -306,7 +324,7 @@ def lu_solve_small(lu: SmallLU, b: jax.Array) -> jax.Array:
 
 def _lu_last(factors):
     """An array of shape ``(..., n)`` among the factors: the batch axes and ``n``."""
-    if isinstance(factors, _LapackLU):
+    if isinstance(factors, (_LapackLU, _RolledLU)):
         return factors.piv
     return factors[0][2] if factors else jnp.zeros((0,))
 
@@ -324,24 +342,25 @@ def singular(pivots: jax.Array) -> jax.Array:
     return jnp.min(pivots, -1, initial=jnp.inf) <= n * eps * jnp.max(pivots, -1, initial=0.0)
 
 
-@jax.custom_jvp
-def _solve(A, B):
-    return _batched(_eliminate, A, B)[0]
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _solve(A, B, method):
+    return _batched(lambda a, r: _eliminate(a, r, method), A, B)[0]
 
 
 @_solve.defjvp
-def _solve_jvp(primals, tangents):
+def _solve_jvp(method, primals, tangents):
     A, B = primals
     dA, dB = tangents
-    X = _solve(A, B)
+    X = _solve(A, B, method)
     # dX = A^{-1} (dB - dA X): linear in the tangents (transposable for reverse mode)
-    return X, _batched(lambda a, r: _eliminate(a, r)[0], A, dB - dA @ X)
+    return X, _batched(lambda a, r: _eliminate(a, r, method)[0], A, dB - dA @ X)
 
 
-def solve_small(A: jax.Array, b: jax.Array) -> jax.Array:
+def solve_small(A: jax.Array, b: jax.Array, *, method: str = "elimination") -> jax.Array:
     """Solve ``A x = b``: ``A (..., n, n)``, ``b (..., n)`` or ``(..., n, k)`` (as :func:`solve_small_pivots`).
 
-    Gaussian elimination with partial pivoting, no LAPACK call (unless :data:`USE_LAPACK`);
+    Gaussian elimination with partial pivoting, no LAPACK call (``method``: one of
+    :data:`METHODS`, default ``"elimination"``);
     jit/vmap/grad-safe (custom JVP ``dx = A^{-1}(db - dA x)``); dtype of ``A`` and ``b``
     promoted. A singular ``A`` gives a non-finite ``x``: use :func:`solve_small_pivots` and
     :func:`singular` where that must be detected.
@@ -349,11 +368,12 @@ def solve_small(A: jax.Array, b: jax.Array) -> jax.Array:
     Raises:
         ValueError: non-square ``A`` or ``b`` of the wrong shape.
     """
+    _check_method(method)
     A, B, vector = _prepare(A, b, "solve_small")
     batch = jnp.broadcast_shapes(A.shape[:-2], B.shape[:-2])
     A = jnp.broadcast_to(A, (*batch, *A.shape[-2:]))
     B = jnp.broadcast_to(B, (*batch, *B.shape[-2:]))
-    X = _solve(A, B)
+    X = _solve(A, B, method)
     return X[..., 0] if vector else X
 
 
@@ -432,7 +452,6 @@ def solve_components(A, b, *, materialize_b: bool = False, factors: bool = False
         ValueError: ``A`` not ``n`` rows of ``n`` entries, ``b`` not of length ``n``, or
             ``leading`` not in ``[0, n]``.
     """
-    from .numerics import materialize, static_zero
 
     n = len(A)
     if any(len(row) != n for row in A) or len(b) != n:
@@ -544,7 +563,6 @@ def solve_components(A, b, *, materialize_b: bool = False, factors: bool = False
 
 def _select(sel, a, b):
     """``where(sel, a, b)`` for entries that may be structural zeros."""
-    from .numerics import static_zero
 
     if static_zero(a) and static_zero(b):
         return 0.0
@@ -573,7 +591,6 @@ def lu_solve_components(lu: ComponentsLU, b):
     n = len(lu.urows)
     if len(b) != n:
         raise ValueError(f"lu_solve_components: b must have length {n}; got {len(b)}")
-    from .numerics import static_zero
 
     R = list(b)
     rrows = []

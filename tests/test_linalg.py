@@ -337,6 +337,29 @@ def test_no_lapack_above_small_max():
     assert not _lapack_targets(jax.jit(g).lower(A, b).as_text())
 
 
+def test_lapack_method_is_an_option():
+    # method="lapack" calls LAPACK (getrf) at any size and solves the same systems; a bad name raises
+    from rigidjax import linalg
+
+    rng = np.random.default_rng(5)
+    for n in (3, SMALL_MAX + 2):
+        A, b = _random_system(rng, 4, n)
+        x_e = solve_small(jnp.asarray(A), jnp.asarray(b))
+        x_l = solve_small(jnp.asarray(A), jnp.asarray(b), method="lapack")
+        # two backward-stable GEPP solves: within 4 n cond eps of each other
+        bound = 4 * n * np.linalg.cond(A) * np.finfo(np.float64).eps
+        err = np.linalg.norm(np.asarray(x_l - x_e), axis=-1) / np.linalg.norm(np.asarray(x_e), axis=-1)
+        assert np.all(err <= bound)
+        lowered = jax.jit(lambda A, b: solve_small(A, b, method="lapack")).lower(jnp.asarray(A), jnp.asarray(b))
+        assert _lapack_targets(lowered.as_text())
+        lu, piv = linalg.lu_factor_small(jnp.asarray(A), method="lapack")
+        np.testing.assert_allclose(np.asarray(piv), np.asarray(solve_small_pivots(A, b)[1]), rtol=1e-12)
+        assert np.all(np.linalg.norm(np.asarray(linalg.lu_solve_small(lu, jnp.asarray(b)) - x_e), axis=-1)
+                      <= bound * np.linalg.norm(np.asarray(x_e), axis=-1))
+    with pytest.raises(ValueError, match="method"):
+        solve_small(jnp.eye(2), jnp.ones(2), method="lu")
+
+
 DEADLOCK_PROBE = r"""
 import numpy as np, jax, jax.numpy as jnp
 jax.config.update("jax_enable_x64", True)
@@ -360,7 +383,7 @@ print("RESULT", bool(jnp.all(tr.info.converged)))
 
 @pytest.mark.slow
 def test_two_device_ensemble_above_small_max_does_not_deadlock():
-    # Regression (seventh session): with LAPACK above SMALL_MAX, this ensemble hung forever at
+    # Regression: with LAPACK above SMALL_MAX, this ensemble hung forever at
     # 0 % CPU on a 2-core machine split into 2 host devices: each device's batched getrf waited
     # (ParallelBatchMap) for tasks queued on the shared 2-thread pool that both devices' calls
     # occupied. The rolled elimination has no custom call. Bound: ~2-3 min when it works.
