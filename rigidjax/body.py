@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import so3
-from .numerics import check_kinds
+from .numerics import as_float, check_finite, check_kinds, is_concrete
 
 __all__ = [
     "check_step_inputs",
@@ -35,25 +35,6 @@ __all__ = [
     "angular_momentum_body",
     "linear_momentum",
 ]
-
-
-def _concrete(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
-
-
-def _float_array(x, name):
-    try:
-        a = jnp.asarray(x)
-    except Exception as e:  # pragma: no cover - message only
-        raise TypeError(f"{name}: cannot convert {type(x).__name__} to an array ({e})") from None
-    if not jnp.issubdtype(a.dtype, jnp.floating):
-        a = a.astype(jnp.result_type(float))
-    return a
-
-
-def _finite(a, name):
-    if _concrete(a) and not np.all(np.isfinite(np.asarray(a))):
-        raise ValueError(f"{name} contains NaN or inf: {np.asarray(a)}")
 
 
 def inertia_tensor(inertia) -> jax.Array:
@@ -76,7 +57,7 @@ def check_inertia(inertia, name: str = "inertia", rtol: float = 1e-9) -> None:
     disk ``I3 = I1 + I2``). ``rtol`` relative to the trace absorbs round-off in the
     equality cases. Tracers (inside ``jit``) are not inspected.
     """
-    if not _concrete(inertia):
+    if not is_concrete(inertia):
         return
     J = np.asarray(inertia)
     if np.issubdtype(J.dtype, np.floating):
@@ -135,14 +116,14 @@ class RigidBody(eqx.Module):
     gravity: jax.Array
 
     def __init__(self, mass, inertia, resistance=None, gravity=None):
-        mass = _float_array(mass, "mass")
-        inertia = inertia_tensor(_float_array(inertia, "inertia"))
+        mass = as_float(mass, "mass")
+        inertia = inertia_tensor(as_float(inertia, "inertia"))
         if resistance is not None:
-            resistance = _float_array(resistance, "resistance")
+            resistance = as_float(resistance, "resistance")
             if resistance.ndim < 2 or resistance.shape[-2:] != (6, 6):
                 raise ValueError(f"resistance must have shape (6, 6) (on the twist (v, omega)); got {resistance.shape}")
         if gravity is not None:
-            gravity = _float_array(gravity, "gravity")
+            gravity = as_float(gravity, "gravity")
             if gravity.ndim < 1 or gravity.shape[-1:] != (3,):
                 raise ValueError(f"gravity must have shape (3,) (world frame, m/s^2); got {gravity.shape}")
         # one float dtype for every field (mixed precision would fail deep inside XLA)
@@ -165,8 +146,8 @@ class RigidBody(eqx.Module):
         if gravity is None:
             gravity = jnp.zeros(3, dtype)
         for a, n in ((mass, "mass"), (resistance, "resistance"), (gravity, "gravity")):
-            _finite(a, n)
-        if _concrete(mass) and np.any(np.asarray(mass) <= 0):
+            check_finite(a, n)
+        if is_concrete(mass) and np.any(np.asarray(mass) <= 0):
             raise ValueError(f"mass must be > 0 kg; got {np.asarray(mass)}")
         check_inertia(inertia)
         self.mass = jnp.broadcast_to(jnp.asarray(mass, dtype), batch)
@@ -250,8 +231,8 @@ class RigidBodyState(eqx.Module):
             (angular_velocity, "angular_velocity"),
             (time, "time"),
         ):
-            _finite(a, n)
-        if _concrete(orientation):
+            check_finite(a, n)
+        if is_concrete(orientation):
             norm = np.linalg.norm(np.asarray(orientation), axis=-1)
             tol = float(np.sqrt(np.finfo(np.asarray(orientation).dtype).eps))
             if np.any(np.abs(norm - 1) > tol):
@@ -318,7 +299,7 @@ def check_step_inputs(body: RigidBody, state: RigidBodyState, wrench, dt, where:
             f"{where}: body has ensemble shape {b_batch} but state has {s_batch}; give the state the same "
             "leading axes, or jax.vmap over bodies and states together"
         )
-    if _concrete(dt):
+    if is_concrete(dt):
         d = np.asarray(dt)
         if not np.all(np.isfinite(d)) or np.any(d <= 0):
             raise ValueError(f"{where}: dt must be finite and > 0 s; got {d}")

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .numerics import is_concrete
+from .numerics import as_float, check_finite, is_concrete
 from .body import RigidBody
 
 __all__ = [
@@ -46,13 +46,10 @@ __all__ = [
 
 
 def _arr(x, name, shape=None):
-    a = jnp.asarray(x)
-    if not jnp.issubdtype(a.dtype, jnp.floating):
-        a = a.astype(jnp.result_type(float))
+    a = as_float(x, name)
     if shape is not None and a.shape != shape:
         raise ValueError(f"{name} must have shape {shape}; got {a.shape}")
-    if is_concrete(a) and not np.all(np.isfinite(np.asarray(a))):
-        raise ValueError(f"{name} contains NaN or inf: {np.asarray(a)}")
+    check_finite(a, name)
     return a
 
 

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .numerics import is_concrete
+
 __all__ = ["Status", "StepInfo", "StepFailure", "check", "make_info"]
 
 
@@ -89,10 +91,6 @@ class StepFailure(RuntimeError):
     """Raised by checked modes when a step failed or exceeded ``max_rotation``."""
 
 
-def _is_concrete(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
-
-
 def failure_mask(status: jax.Array, allow_rotation_limit: bool = False) -> jax.Array:
     """``bool`` array: where ``status`` is a failure (and ROTATION_LIMIT unless allowed)."""
     codes = list(FAILURES) + ([] if allow_rotation_limit else [Status.ROTATION_LIMIT])
@@ -109,7 +107,7 @@ def check(info: StepInfo, *, allow_rotation_limit: bool = False) -> StepInfo:
     Returns ``info`` unchanged (so it can be chained).
     """
     bad_codes = list(FAILURES) + ([] if allow_rotation_limit else [Status.ROTATION_LIMIT])
-    if _is_concrete(info.status):
+    if is_concrete(info.status):
         status = np.asarray(info.status)
         bad = np.isin(status, [int(c) for c in bad_codes])
         if bad.any():

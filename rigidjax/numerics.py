@@ -11,6 +11,7 @@ import jax.interpreters.ad
 import jax.interpreters.batching
 import jax.interpreters.mlir
 import jax.numpy as jnp
+import numpy as np
 
 
 def where_tree(pred: jax.Array, new, old):
@@ -50,6 +51,24 @@ def check_kinds(where: str, model, model_cls: type, state=None, state_cls: type 
 def is_concrete(x) -> bool:
     """True when ``x`` is a concrete value (not a tracer inside jit/grad/vmap)."""
     return not isinstance(x, jax.core.Tracer)
+
+
+def as_float(x, name: str, dtype=None) -> jax.Array:
+    """``x`` as a floating-point array (integers become the default float; ``dtype`` when
+    given); ``TypeError`` naming ``name`` when it is not array-like."""
+    try:
+        a = jnp.asarray(x) if dtype is None else jnp.asarray(x, dtype)
+    except Exception as e:
+        raise TypeError(f"{name}: cannot convert {type(x).__name__} to an array ({e})") from None
+    if not jnp.issubdtype(a.dtype, jnp.floating):
+        a = a.astype(jnp.result_type(float))
+    return a
+
+
+def check_finite(a, name: str) -> None:
+    """``ValueError`` naming ``name`` where a concrete ``a`` holds NaN or inf (traced: no check)."""
+    if is_concrete(a) and not np.all(np.isfinite(np.asarray(a))):
+        raise ValueError(f"{name} contains NaN or inf: {np.asarray(a)}")
 
 
 #: Largest number of arrays :func:`materialize` computes in one loop (see there).
