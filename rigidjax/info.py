@@ -17,7 +17,7 @@ import numpy as np
 
 from .numerics import is_concrete
 
-__all__ = ["Status", "StepInfo", "StepFailure", "check", "make_info"]
+__all__ = ["Status", "StepInfo", "StepFailure", "check", "make_info", "step_status"]
 
 
 class Status(enum.IntEnum):
@@ -85,6 +85,21 @@ def make_info(status, iterations, residual, rotation) -> StepInfo:
         residual=jnp.asarray(residual),
         rotation=jnp.asarray(rotation),
     )
+
+
+def step_status(solve_status=Status.SUCCESS, *, finite, valid, rotation, max_rotation) -> jax.Array:
+    """Every stepper's status rule (``int32``, per member), from the most to the least severe:
+
+    ``INVALID_INPUT`` where not ``valid`` (a traced input out of range); else the solve's
+    failure (``MAX_ITERATIONS``, ``SINGULAR``, ``NONFINITE``); else ``NONFINITE`` where the new
+    state is not ``finite``; else ``ROTATION_LIMIT`` where ``rotation > max_rotation`` (rad);
+    else ``SUCCESS``. ``solve_status`` is the Newton loop's status (``SUCCESS`` for a linearly
+    implicit step).
+    """
+    status = jnp.asarray(solve_status, jnp.int32)
+    status = jnp.where((status == Status.SUCCESS) & ~finite, Status.NONFINITE, status)
+    status = jnp.where((status == Status.SUCCESS) & (rotation > max_rotation), Status.ROTATION_LIMIT, status)
+    return jnp.where(valid, status, Status.INVALID_INPUT).astype(jnp.int32)
 
 
 class StepFailure(RuntimeError):

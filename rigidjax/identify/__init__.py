@@ -10,7 +10,8 @@ r"""Identification from measured motion: inertia from free flights, a pendulum's
 """
 
 from ._derived import FitError, parse_scale
-from ._fit import fit_inertia, multistart_check
+from ._fit import fit_inertia
+from ._joint import multistart_check
 from ._model import simulate_omega
 from ._result import EXIT_CODES, FitStatus, InertiaFit, exit_code
 from .pendulum import PendulumFit, fit_pendulum, fit_pendulum_segments

@@ -1,0 +1,361 @@
+"""Pooling windows: the combination of per-window estimates, the joint fit of shared inertia,
+and :func:`multistart_check`, the proof by search that a fit reached its minimum.
+
+Part of :func:`rigidjax.identify.fit_inertia` (module docstring of :mod:`rigidjax.identify._fit`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from . import _combine, _lm
+from ._derived import FitError, lower_bound, standard_errors
+from ._model import (
+    chart_theta,
+    equation_error_guess,
+    phys_theta,
+    random_chart,
+    reference_rms,
+    theta_chart,
+    theta_phys,
+)
+from ._result import FitStatus, InertiaFit
+from ._windows import (
+    JOINT_MEDIAN, JOINT_OWN, K_MAX, POOR_NOISE, REF_TOL, REL_SE_MAX, SHIFT_MAX, _LM_STATUS, _Run, _covariance,
+    _estimates, _full_x, _medoid, _overall, _step_shift, _to_phys,
+)
+
+def _combine_windows(run: _Run, rows, pool: str) -> InertiaFit:
+    """Per-window mode: consistency, the median and its intervals."""
+    spec = run.spec
+    conv = [i for i, r in enumerate(rows) if r["status"] == FitStatus.CONVERGED]
+    keys = ["Ix/Iy", "Iz/Iy"]
+    by_src = {}
+    for i in conv:
+        by_src.setdefault(rows[i]["recording"], []).append([rows[i]["estimates"][k_] for k_ in keys])
+    main, excluded, summaries = _combine.consistency({s: np.array(v) for s, v in by_src.items()}, keys)
+    if pool == "all":
+        main, excluded = list(by_src), {}
+    for i in conv:
+        if rows[i]["recording"] not in main:
+            rows[i]["status"] = FitStatus.INCONSISTENT
+            rows[i]["reason"] = "recording not pooled: " + excluded.get(rows[i]["recording"], "")
+    pooled = [i for i in conv if rows[i]["recording"] in main]
+    est, se_stat, se_tot, intervals = {}, {}, {}, {}
+    method = ""
+    if len(pooled) == 1:
+        r = rows[pooled[0]]
+        est, se_stat = dict(r["estimates"]), dict(r["se"])
+        se_tot = {k_: float("nan") for k_ in est}
+        intervals = {k_: (float("nan"), float("nan")) for k_ in est}
+    elif pooled:
+        for name in run.names:
+            v = np.array([rows[i]["estimates"][name] for i in pooled])
+            e = np.array([rows[i]["se"][name] for i in pooled])
+            est[name] = float(np.median(v))
+            se_stat[name] = _combine.median_se_stat(e)
+            lo, hi, _, method = _combine.window_interval(v)
+            intervals[name] = (max(lo, lower_bound(name)), hi)  # never beyond the physically possible
+            se_tot[name] = (hi - lo) / (2 * 1.959964)
+    status, message = _overall(rows, excluded)
+    m_tot = sum(3 * run.segs[i].n for i in pooled)
+    rms = float(np.sqrt(sum(rows[i]["rms"] ** 2 * 3 * run.segs[i].n for i in pooled) / m_tot)) if pooled else float("nan")
+    shifts = [r["step_shift_se"] for r in rows if r.get("step_shift_se")]
+    worst = {}
+    for d in shifts:
+        for k_, v_ in d.items():
+            if abs(v_) > abs(worst.get(k_, 0.0)):
+                worst[k_] = v_
+    fitted = [r for r in rows if "step_error_rms" in r]
+    m_f = sum(3 * r["n"] for r in fitted)
+    step_error = {
+        "substeps": [int(r["substeps"]) for r in rows],
+        "rms": float(np.sqrt(sum(r["step_error_rms"] ** 2 * 3 * r["n"] for r in fitted) / m_f)) if m_f else 0.0,
+        "shift_se": worst, "max_shift_se": max((abs(v_) for v_ in worst.values()), default=0.0),
+    }
+    combined = {
+        "n": len(pooled), "windows": pooled, "sources": list(main) if pooled else [], "excluded": excluded,
+        "method": method, "by_source": summaries, "pool": pool,
+    }
+    model = {
+        "spec": spec,
+        "theta": [r.get("_theta", np.full(spec.n_theta, np.nan)) for r in rows],
+        "omega0": [r.get("_w0", np.full(3, np.nan)) for r in rows],
+        "bias": [r.get("_bias", np.zeros(3)) for r in rows],
+        "substeps": [int(r["substeps"]) for r in rows],
+    }
+    res = InertiaFit(
+        mode="per-window", options={}, status=status, message=message, estimates=est, uncertainties=se_stat,
+        total_uncertainties=se_tot, intervals=intervals, segments=rows, combined=combined, rms=rms,
+        step_error=step_error, _model=model,
+    )
+    for r in rows:
+        for key in [k_ for k_ in r if k_.startswith("_")]:
+            r.pop(key)
+    return res
+
+
+def _joint_starts(run: _Run, pooled, theta_w, n: int) -> list[np.ndarray]:
+    """Shared model values to start a joint fit from: the median of the windows' estimates,
+    the medoid window's, the joint equation-error estimate."""
+    spec = run.spec
+    cands = [np.median(theta_w, 0), _medoid(theta_w)]
+    g = equation_error_guess([run.segs[i] for i in pooled], spec)
+    if g is not None:
+        cands.append(g)
+    return cands[: max(1, n)]
+
+
+def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, starts: int) -> InertiaFit:
+    """Joint mode: the pooled windows with one shared inertia (see module).
+
+    Pooled: the windows of the pooled recordings whose own fit reached its minimum, including
+    those that alone could not determine the ratios (a joint fit may). Each row keeps its own
+    fit under ``own`` (status, rms, estimates, se) and reports the joint fit's residual,
+    status and bias."""
+    spec = run.spec
+    main = set(per.combined.get("sources") or [])
+    determined = FitStatus.CONVERGED, FitStatus.UNIDENTIFIABLE
+    pooled = [
+        i for i, r in enumerate(rows)
+        if r["status"] in determined and r.get("estimates") and (pool == "all" or r["recording"] in main)
+    ]
+    for r in rows:
+        r["own"] = {key: r.get(key) for key in ("status", "reason", "rms", "estimates", "se", "substeps")}
+    base = dict(
+        mode="joint", options={}, estimates={}, uncertainties={}, total_uncertainties={}, intervals={},
+        segments=rows, rms=float("nan"), step_error=per.step_error, _model=per._model,
+    )
+    if not pooled:
+        status, message = _overall(rows, per.combined.get("excluded", {}), ["no window left to pool"])
+        return InertiaFit(status=status, message=message, combined=dict(per.combined, n=0), **base)
+    theta_all = np.array(per._model["theta"])
+    excluded_joint = []
+    for _attempt in range(3):
+        S = len(pooled)
+        sources = sorted({rows[i]["recording"] for i in pooled})
+        groups = [sources.index(rows[i]["recording"]) for i in pooled] if spec.bias else [0] * S
+        G = max(groups) + 1
+        n_b = spec.n_bias
+        w0 = np.concatenate([per._model["omega0"][i] for i in pooled])
+        b = np.zeros(G * n_b)
+        if spec.bias:
+            for g_ in range(G):
+                b[3 * g_ : 3 * g_ + 3] = np.median([per._model["bias"][i] for i, gg in zip(pooled, groups) if gg == g_], 0)
+        good = [i for i in pooled if rows[i]["status"] == FitStatus.CONVERGED] or pooled
+        cands = _joint_starts(run, pooled, theta_all[good], starts)
+        xs, Rs = theta_chart(np.array(cands), spec)
+        x0 = np.concatenate([xs, np.tile(b, (len(cands), 1)), np.tile(w0, (len(cands), 1))], 1)
+        seg_ids = np.tile(np.array(pooled), (len(cands), 1))
+        m = 3 * sum(run.segs[i].n for i in pooled)
+        p = spec.n_phys + G * n_b + 3 * S
+        if m <= p:
+            raise FitError(f"joint fit: {m} measured values cannot determine its {p} parameters")
+        batch = run.batch(k, seg_ids, groups, "opt", Rs)
+        st = run.lm(batch, x0, np.arange(len(cands)), max_steps=run.phase1_steps)
+        best = int(np.argmin(np.where(st["ok"], st["cost"], np.inf)))
+        keep = _lm.select(st, [best])
+        keep["rows"] = np.array([0])
+        batch = run.batch(k, seg_ids[best : best + 1], groups, "opt", Rs[best : best + 1])
+        st = run.lm(batch, None, None, max_steps=run.max_steps, state=keep)
+        st["R_ref"] = Rs[best : best + 1]
+        rss = st["aux"][0]
+        rms_w = np.sqrt(rss / np.array([3.0 * run.segs[i].n for i in pooled]))
+        med = float(np.median(rms_w))
+        # far above the window's own fit and the other windows' (a wrong basin, or a body the
+        # others do not share); a window the shared body explains up to model error stays:
+        # leaving such windows out would bias the estimate
+        bad = [
+            j for j, i in enumerate(pooled)
+            if rms_w[j] > JOINT_OWN * rows[i]["own"]["rms"] and (rms_w[j] > JOINT_MEDIAN * med or S == 1)
+            and rms_w[j] > POOR_NOISE * run.noise[i]
+        ]
+        if not bad:
+            break
+        for j in bad:
+            i = pooled[j]
+            rows[i]["status"] = FitStatus.POOR_FIT
+            rows[i]["reason"] = (
+                f"under the shared inertia its residual is {rms_w[j]:.3g} rad/s, above {JOINT_OWN:g}x its own fit's "
+                f"({rows[i]['own']['rms']:.3g}) and {JOINT_MEDIAN:g}x the median over the pooled windows ({med:.3g}): not "
+                "explained by the body the others share (a wrong basin?); left out of the joint fit"
+            )
+            excluded_joint.append(i)
+        pooled = [i for j, i in enumerate(pooled) if j not in bad]
+        if not pooled:
+            status, message = _overall(rows, per.combined.get("excluded", {}), ["no window left to pool"])
+            return InertiaFit(status=status, message=message, combined=dict(per.combined, n=0), **base)
+    # ---- report in the reported coordinates; finer sub-steps while the step error shifts an estimate
+    bias_names = []
+    if spec.bias:
+        for g_ in range(G):
+            src = f" ({sources[g_]})" if G > 1 else ""
+            bias_names += [(f"bias_{c}{src}", spec.n_phys + 3 * g_ + a) for a, c in enumerate("xyz")]
+    G_w = len(pooled)
+    R_best = st["R_ref"]
+    for _round in range(8):
+        xp = _to_phys(run, st)
+        phy = run.batch(k, np.array(pooled)[None], groups, "phys")
+        _, A_p, _, ok_p, rss_p = phy.evaluate(xp, np.array([0]))
+        cov, s2, singular = _covariance(A_p[0], float(rss_p[0].sum()), m, phy.P)
+        est, se, J = _estimates(run, xp[0, : spec.n_phys], cov[: spec.n_phys, : spec.n_phys])
+        shifts, rms_e = _step_shift(run, phy, xp, np.array([0]), k, [cov], [s2], [J], bias_names)
+        worst = max((abs(v_) for v_ in shifts[0].values()), default=0.0)
+        if not (run.adapt and worst > SHIFT_MAX and np.any(k[pooled] < K_MAX) and st["ok"][0]):
+            break
+        k[pooled] = np.minimum(2 * k[pooled], K_MAX)
+        batch = run.batch(k, np.array(pooled)[None], groups, "opt", R_best)
+        st = run.lm(batch, st["x"], np.array([0]), max_steps=run.max_steps)
+        st["R_ref"] = R_best
+    # total: the sandwich over windows (never below the statistical), Student t; where it
+    # misses the windows' own interval, the model error pulls the joint estimate: span both
+    se_tot = {name: float("nan") for name in run.names}
+    intervals = {name: (float("nan"), float("nan")) for name in run.names}
+    widened, dof = [], np.full(len(run.names), float(G_w - 1))
+    if not singular and G_w > 1:
+        scores = phy.scores(xp[0], 0)
+        sw = _combine.sandwich(A_p[0], scores)
+        se_sw = standard_errors(J, sw[: spec.n_phys, : spec.n_phys])
+        dof = _combine.cluster_dof(J @ (np.linalg.pinv(A_p[0]) @ scores.T)[: spec.n_phys])
+        for j_, n_ in enumerate(run.names):
+            se_tot[n_] = float(np.fmax(se_sw[j_], se[n_]))
+            lo, hi = _combine.t_interval(est[n_], se_tot[n_], dof[j_] if np.isfinite(dof[j_]) else G_w - 1)
+            own = [rows[i]["own"]["estimates"][n_] for i in pooled if rows[i]["own"]["status"] == FitStatus.CONVERGED]
+            w_lo, w_hi, _, _ = _combine.window_interval(own)
+            if np.isfinite(w_lo) and (w_hi < lo or w_lo > hi):
+                lo, hi = min(lo, w_lo), max(hi, w_hi)
+                widened.append(n_)
+            intervals[n_] = (max(lo, lower_bound(n_)), hi)  # never beyond the physically possible
+    theta, _ = phys_theta(xp[:, : spec.n_phys], spec)
+    off_w = spec.n_phys + G * n_b
+    w0s = xp[0, off_w:].reshape(-1, 3)
+    bias_w = np.array([xp[0, spec.n_phys + 3 * g_ : spec.n_phys + 3 * g_ + 3] if spec.bias else np.zeros(3) for g_ in groups])
+    bias_se = np.sqrt(np.maximum(np.diag(cov), 0.0)) if np.all(np.isfinite(cov)) else np.full(phy.P, np.inf)
+    ref = (
+        reference_rms([run.segs[i] for i in pooled], np.repeat(theta, len(pooled), 0), w0s, bias_w, spec)
+        if reference_check else np.full(len(pooled), np.nan)
+    )
+    lm_status = _LM_STATUS[_lm.LMStatus(int(st["status"][0]))] if (st["ok"][0] and ok_p[0]) else FitStatus.NONFINITE
+    rel = [se[key] / abs(est[key]) if est[key] else np.inf for key in ("Ix/Iy", "Iz/Iy")]
+    joint_reason = ""
+    if lm_status == FitStatus.CONVERGED and (singular or max(rel) > REL_SE_MAX):
+        lm_status = FitStatus.UNIDENTIFIABLE
+        joint_reason = "the joint fit: the pooled windows do not determine the inertia ratios"
+    elif lm_status != FitStatus.CONVERGED:
+        joint_reason = f"the joint fit: {lm_status.value}"
+    model = per._model
+    for j, i in enumerate(pooled):
+        r = rows[i]
+        r["rms"] = float(np.sqrt(rss_p[0, j] / (3 * run.segs[i].n)))
+        r["rms_reference"] = float(ref[j])
+        r["omega0"] = w0s[j].tolist()
+        r["omega0_se"] = bias_se[off_w + 3 * j : off_w + 3 * j + 3].tolist()
+        r["step_error_rms"] = float(rms_e[0, j])
+        r["status"], r["reason"] = lm_status, joint_reason
+        if spec.bias:
+            ob = spec.n_phys + 3 * groups[j]
+            r["bias"] = bias_w[j].tolist()
+            r["bias_se"] = bias_se[ob : ob + 3].tolist()
+        if lm_status == FitStatus.CONVERGED and reference_check and not (abs(ref[j] - r["rms"]) <= REF_TOL * r["rms"]):
+            r["status"] = FitStatus.STEP_ERROR
+            r["reason"] = f"re-simulated by DOP853 the residual is {ref[j]:.3g} rad/s against the joint fit's {r['rms']:.3g}"
+        model["theta"][i] = theta[0]
+        model["omega0"][i] = w0s[j]
+        model["bias"][i] = bias_w[j]
+        model["substeps"][i] = r["substeps"] = int(k[i])
+    status, message = _overall(rows, per.combined.get("excluded", {}))
+    bias = {}
+    if spec.bias:
+        for g_ in range(G):
+            ob = spec.n_phys + 3 * g_
+            bias[sources[g_]] = {"value": xp[0, ob : ob + 3].tolist(), "se": bias_se[ob : ob + 3].tolist()}
+    method = (
+        f"cluster-robust (sandwich) error over the {G_w} windows, at least the statistical one; Student t with "
+        f"the windows' effective degrees of freedom ({np.nanmin(dof):.1f}-{np.nanmax(dof):.1f} of at most {G_w - 1})"
+    )
+    if widened:
+        method += (
+            f"; for {', '.join(widened)} that interval misses the windows' own fits' interval (model error pulls the "
+            "joint estimate): the interval spans both"
+        )
+    combined = dict(
+        per.combined, n=len(pooled), windows=pooled, sources=sources, excluded_windows=[rows[i]["name"] for i in excluded_joint],
+        method=method, widened=widened, dof={n_: (float(d_) if np.isfinite(d_) else None) for n_, d_ in zip(run.names, dof)}, sigma=math.sqrt(s2) if math.isfinite(s2) else None, iterations=int(st["it"][0]), bias=bias,
+    )
+    m_tot = sum(3 * run.segs[i].n for i in pooled)
+    step_error = {
+        "substeps": [int(kk) for kk in k], "rms": float(np.sqrt(np.sum(rms_e[0] ** 2 * np.array([3 * run.segs[i].n for i in pooled])) / m_tot)),
+        "shift_se": shifts[0], "max_shift_se": max((abs(v_) for v_ in shifts[0].values()), default=0.0),
+    }
+    base.update(
+        estimates=est, uncertainties=se, total_uncertainties=se_tot, intervals=intervals,
+        rms=float(np.sqrt(rss_p[0].sum() / m_tot)), step_error=step_error, _model=model,
+    )
+    return InertiaFit(status=status, message=message, combined=combined, **base)
+
+
+# ----------------------------------------------------------------------------- proof by search
+
+
+def multistart_check(fit: InertiaFit, *, starts: int = 100, seed: int = 12345, extra=(), max_steps: int = 300,
+                     progress: Callable | None = None) -> list[dict]:
+    """Search every fitted window of a per-window fit densely for a lower least-squares cost.
+
+    Each window is refitted from ``starts`` random physically valid inertias
+    (:func:`rigidjax.identify._model.random_chart`: ratios spread over ~0.05-60, principal
+    axes anywhere), from the consensus (the median of the converged windows' estimates) and
+    from ``extra`` (model values in the ``I_yy = 1`` gauge, e.g. a joint estimate), each with
+    the first sample and with the reported initial rate, every start to convergence with the
+    same sub-steps as the fit. An independent check of the fit's search (another seed, far
+    more starts), not part of it: what it reports should be the minimum.
+
+    Returns:
+        Per fitted window: ``name``, ``reported_cost`` and ``best_cost`` (1/2 RSS, rad^2/s^2),
+        ``excess`` (``reported / best - 1``: > 0 where a start found a lower cost),
+        ``best_estimates`` (Ix/Iy, Iz/Iy of the best start), ``hits`` (starts within 0.5 % of
+        the best) and ``n_starts``.
+    """
+    spec = fit._model["spec"]
+    segs = fit._data
+    rows = fit.segments
+    wins = np.array([i for i, r in enumerate(rows) if r.get("rms") is not None and "estimates" in r and r["estimates"]])
+    run = _Run(segs, spec, None, seed=seed, max_steps=max_steps, phase1_steps=0, progress=progress)
+    k = np.asarray(fit._model["substeps"], np.int32)
+    theta = np.array(fit._model["theta"])
+    conv = [i for i in wins if rows[i]["status"] == FitStatus.CONVERGED]
+    cands = [np.median(theta[conv], 0)] if conv else []
+    cands += [np.asarray(e, float) for e in extra]
+    rng = np.random.default_rng(seed)
+    xs, Rs, owner = [], [], []
+    for j, i in enumerate(wins):
+        x, R = random_chart(rng, starts, spec)
+        xs.append(_full_x(run, x, np.full(starts, i)))
+        Rs.append(R)
+        owner += [j] * starts
+        for th in cands:
+            xc, Rc = theta_chart(th, spec)
+            for w0 in (segs[i].omega[0], np.asarray(fit._model["omega0"][i])):
+                xs.append(_full_x(run, xc, np.array([i]), w0=w0[None]))
+                Rs.append(Rc)
+                owner.append(j)
+    x0, R_ref, owner = np.concatenate(xs), np.concatenate(Rs), np.array(owner)
+    batch = run.batch(k, wins[owner][:, None], [0], "opt", R_ref)
+    r = run.lm(batch, x0, np.arange(x0.shape[0]), max_steps=max_steps)
+    cost = np.where(r["ok"], r["cost"], np.inf)
+    out = []
+    theta_r, _ = chart_theta(r["x"][:, : spec.n_chart], R_ref, spec)
+    for j, i in enumerate(wins):
+        idx = np.flatnonzero(owner == j)
+        b = idx[np.argmin(cost[idx])]
+        rep = 0.5 * rows[i]["rms"] ** 2 * 3 * segs[i].n
+        ph = theta_phys(theta_r[b : b + 1], spec)[0]
+        out.append({
+            "name": rows[i]["name"], "reported_cost": rep, "best_cost": float(cost[b]),
+            "excess": rep / float(cost[b]) - 1 if cost[b] > 0 else 0.0,
+            "best_estimates": {"Ix/Iy": float(ph[0]), "Iz/Iy": float(ph[1])},
+            "hits": int(np.sum(cost[idx] <= 1.005 * cost[b])), "n_starts": int(idx.size),
+        })
+    return out
