@@ -102,8 +102,9 @@ def rollout(
     """Run ``step`` for ``n_steps`` with ``lax.scan``.
 
     Args:
-        step: ``step(model, state, inputs, dt) -> (state, info)``; options are bound with
-            ``functools.partial`` (e.g. ``partial(midpoint_step, attitude="midpoint")``).
+        step: ``step(model, state, inputs, dt) -> (state, info)``: a stepper object (e.g.
+            ``rigidjax.Midpoint(attitude="midpoint")``) or a step function with its options
+            bound by ``functools.partial`` (e.g. ``partial(midpoint_step, attitude="midpoint")``).
         model: the model pytree (e.g. :class:`rigidjax.RigidBody`); closed over, differentiable.
         state0: initial state pytree (e.g. :class:`rigidjax.RigidBodyState`).
         dt: step in s: a scalar, or an array ``(n_steps,)`` of per-step sizes (non-uniform
@@ -137,9 +138,9 @@ def rollout(
 
         adjoint: how ``jax.grad``/``vjp`` differentiate the rollout. ``None`` (default):
             autodiff through the scan (forward and reverse mode, any stepper, composes with
-            everything). ``"discrete"``: for :func:`rigidjax.midpoint_step` only, the exact
+            everything). ``"discrete"``: for the midpoint stepper only, the exact
             gradient of the discrete trajectory by a hand-written reverse sweep
-            (:mod:`rigidjax.adjoint`) that reads only the stored states: reverse mode several
+            (:mod:`rigidjax.midpoint.adjoint`) that reads only the stored states: reverse mode several
             times cheaper than autodiff on CPU (``benchmarks/README.md``), memory the
             trajectory itself. Reverse mode only (``jax.jvp``/``jacfwd`` raise, as for any
             ``jax.custom_vjp``); needs per-step or no ``loads`` (not a callable) and no
@@ -151,12 +152,11 @@ def rollout(
         fails keeps its last good state for the rest of the rollout and every later
         ``info.status`` repeats the failure code.
 
-    Speed: :func:`rigidjax.midpoint_step`, :func:`rigidjax.euler_parameters.ep_step` on a
-    model of free bodies (no constraints besides the Euler-parameter one) and
-    :func:`rigidjax.variational.vi_step` on a free :func:`rigidjax.systems.rigid_body`, also
-    bound with ``functools.partial``, are run in structure-of-arrays form
-    (:func:`rigidjax.midpoint.packed_form`, :func:`rigidjax.euler_parameters.packed_form`,
-    :func:`rigidjax.systems.packed_form`):
+    Speed: the midpoint stepper, the Euler-parameter stepper on a model of free bodies (no
+    constraints besides the Euler-parameter one) and the variational stepper on a free
+    :func:`rigidjax.systems.rigid_body`, as stepper objects or as step functions (also bound
+    with ``functools.partial``), are run in structure-of-arrays form (the stepper's
+    ``packed(model)``, asked for through :func:`rigidjax.stepper.packed_form`):
     each state component a contiguous array over the ensemble inside the scan, stacked back
     to the public layout once at the end. Results are those of the step itself (same
     iterates, round-off apart).
@@ -250,7 +250,7 @@ def rollout(
 def _compensated_time(state, new_state, dt, comp):
     """The rollout's clock as a compensated (Kahan) sum of the steps: ``new_state.time`` within
     a few ulps of ``t0 + sum(dt)`` however many steps (every stepper's own ``t + dt`` drifts by
-    ~``k eps t``: 10^5 float32 steps of 1e-3 s ended 0.043 s early). Members whose time did
+    ~``k eps t``: 10^5 float32 steps of 1e-3 s end 0.043 s early). Members whose time did
     not move (a failed or frozen step) keep it. Returns ``(new_state, comp)``; ``comp`` is
     ``None`` for a state without a float ``time``. The compensation carries no derivative
     (``d comp = 0`` exactly), so gradients with respect to ``dt`` are those of ``t + dt``."""

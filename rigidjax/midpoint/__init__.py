@@ -28,10 +28,12 @@ elimination (translation block ``m/dt + R_vv``, then the rotation block's Schur 
 ``S = I/dt + R_ww - K/2 - R_wv (m/dt + R_vv)^-1 R_vw``), each 3x3 inverse by scaled cofactors,
 and every quantity is carried as separate per-component arrays of the batch shape
 (structure of arrays), so XLA fuses a step into a few elementwise loops that vectorise over
-the ensemble. On CPU this is ~30x faster than a batched LAPACK ``solve`` on ``(N, 6, 6)``
-(``benchmarks/README.md``); results agree with ``jnp.linalg.solve(step_matrix(...))`` to
-round-off (``tests/test_midpoint_layout.py``). Needs ``m/dt + R_vv`` invertible, true for any
-dissipative resistance (symmetric part of ``R`` positive semi-definite).
+the ensemble, with no LAPACK call (a batched LAPACK ``solve`` on ``(N, 6, 6)`` is a custom call
+per step on tiny matrices, and can deadlock XLA:CPU inside a vmapped scan;
+``benchmarks/README.md`` has the timings against it, row ``midpoint-lu``). Results agree with
+``jnp.linalg.solve(step_matrix(...))`` to round-off (``tests/test_midpoint_layout.py``). Needs
+``m/dt + R_vv`` invertible, true for any dissipative resistance (symmetric part of ``R``
+positive semi-definite).
 
 Modules: :mod:`~rigidjax.midpoint.equations` (the gyroscopic Jacobian, the step matrix and its
 block solve), :mod:`~rigidjax.midpoint.core` (the per-component kernel and its JVP),

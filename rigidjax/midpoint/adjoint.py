@@ -117,7 +117,7 @@ def step_vjp(consts, c0: MidpointCarry, c1: MidpointCarry, ok, dt, lam1, ct1: Mi
     # norms are materialised before anything divides by them: a fused x / sqrt(.) becomes
     # XLA's rsqrt, which has no float64 vector form and would leave the loop scalar. Two
     # loops (the block inverse; the exponential map and |q ⊗ e|): one loop with all 20
-    # outputs compiled to scalar code (measured at N = 256)
+    # outputs compiles to scalar code
     *Sinv, n0, nw1 = materialize(*sum(Sinv, ()), jnp.sqrt(_dot(w, w)), jnp.sqrt(_dot(w1, w1)))
     C, Sf, dC, dS, n = materialize(C, Sf, dC, dS, jnp.sqrt(r0 * r0 + _dot(rv, rv)))
     Sinv = tuple(tuple(Sinv[3 * i : 3 * i + 3]) for i in range(3))
@@ -211,7 +211,7 @@ def step_vjp(consts, c0: MidpointCarry, c1: MidpointCarry, ok, dt, lam1, ct1: Mi
     ) + ((acc[4][0] + dt_bar,),)
     wrench_bar = tuple(jnp.where(ok, c, zero) for c in lam)
     # loops of <= 8 outputs, each within one group: wide loops (here up to 70 outputs
-    # reading ~60 arrays) compile to scalar code (measured 2-3x slower at N = 256)
+    # reading ~60 arrays) compile to scalar code
     ct0 = materialize(*ct0[:7]) + materialize(*ct0[7:])
     new_acc = tuple(materialize_chunks(*g_, size=8) for g_ in new_acc)
     out = materialize(*wrench_bar, dt_bar)

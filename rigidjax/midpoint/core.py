@@ -32,7 +32,7 @@ def _quat_exp_mul(q, phi):
     y = w0 * y1 - x0 * z1 + y0 * w1 + z0 * x1
     z = w0 * z1 + x0 * y1 - y0 * x1 + z0 * w1
     # materialised with its norm; :func:`_finalize` divides. A fused ``x / sqrt(.)`` would
-    # become XLA's rsqrt, which has no vector form in float64 (the loop turned scalar, ~2x)
+    # become XLA's rsqrt, which has no vector form in float64 (LLVM leaves the whole loop scalar)
     return materialize(w, x, y, z, jnp.sqrt(w * w + x * x + y * y + z * z))
 
 
@@ -79,9 +79,9 @@ def _core_fast(body, t, x, q, v, omega, wrench, dt, active, attitude, zeros=None
 # products), linear in the tangents, with every primal factor (the block inverses, the
 # rotation factors) computed once and shared by all tangents. Differentiating the
 # per-component primal graph instead makes XLA:CPU duplicate the shared cotangent chains
-# (reverse mode was ~50x the forward cost); differentiating an array-form copy of the step
-# (the previous design) pushed full 6x6 matrix tangents through broadcast-multiply-sum
-# products, ~6x slower than needed under the fits' ``vmap(jacfwd(rollout))``.
+# into every consumer (reverse mode then costs many times the forward); differentiating a
+# step written with 6x6 matrices would push full 6x6 matrix tangents through
+# broadcast-multiply-sum products, paid per tangent under the fits' ``vmap(jacfwd(rollout))``.
 
 
 def _amv(A, x):
@@ -245,7 +245,7 @@ class MidpointCarry(eqx.Module):
 
     The form in which :func:`rigidjax.rollout` carries a midpoint rollout: every component is a
     contiguous array of the batch shape, so a step is a few vectorised loops over the
-    ensemble with no gather/scatter of ``(N, 3)`` rows (measured ~2x faster on CPU). Internal:
+    ensemble with no gather/scatter of ``(N, 3)`` rows and no strided reads. Internal:
     build it with :func:`pack_state`, read it with :func:`unpack_state`.
     """
 

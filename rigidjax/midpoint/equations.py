@@ -163,10 +163,9 @@ def angular_velocity_step(inertia, omega, dt, *, damping=None, torque=None) -> j
     with the translation entries as structural zeros, so the numbers equal the full step's
     ``angular_velocity`` to round-off (``tests/test_midpoint.py``). The inertia fits
     (:mod:`rigidjax.identify`) integrate Euler's equations with it: their residual is in
-    ``omega`` only, and dropping the attitude and translation made their Jacobian rollout
-    compile in 2-3 s instead of 5-6 s and run a call of 64 racquet windows (128 samples,
-    6 tangents) in 8-10 ms instead of 20 ms, against :func:`rigidjax.rollout` of the full
-    step (2-core VM). Plain JAX: differentiable in every argument, jit/vmap-able.
+    ``omega`` only, so their Jacobian rollout need not carry attitude and translation, and
+    compiles and runs fewer operations than :func:`rigidjax.rollout` of the full step. Plain
+    JAX: differentiable in every argument, jit/vmap-able.
 
     Args:
         inertia: principal moments ``(…, 3)`` along the body axes, or a symmetric tensor
