@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import cli_fit
 from .scenarios import STEPPERS, racquet_flip
 
 __all__ = ["main", "build_parser"]
@@ -86,8 +87,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", default=None, help="write the summary as JSON")
     s.add_argument("--plot", default=None, help="write a PNG of omega(t)")
     s.set_defaults(func=_cmd_simulate)
-    from . import cli_fit
-
     cli_fit.add_parsers(sub)
     return p
 

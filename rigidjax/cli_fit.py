@@ -23,6 +23,12 @@ import time
 import warnings
 from pathlib import Path
 
+from .identify import FitError, FitStatus, exit_code, fit_inertia, parse_scale
+from .identify._result import pm
+from .identify.pendulum import combine_pendulum, fit_pendulum_segments, looks_like_pendulum
+from .io import DataError, load
+from .synthetic import synthesize_recording
+
 __all__ = ["add_parsers", "run", "run_pendulum"]
 
 EXIT_HELP = """\
@@ -154,7 +160,6 @@ def _write(cmd, opt, path, write) -> int | None:
 
 def _load(cmd, path, select=None):
     """Windows of ``path`` (warnings printed), or an exit code."""
-    from .io import load
 
     if not Path(path).exists():
         return _error(cmd, f"{path}: no such file or folder")
@@ -213,10 +218,6 @@ def run(args) -> int:
 
     jax.config.update("jax_enable_x64", True)  # the command's choice; the library never flips it
 
-    from .identify import FitError, exit_code, fit_inertia, parse_scale
-    from .identify.pendulum import looks_like_pendulum
-    from .io import DataError
-    from .synthetic import synthesize_recording
 
     for name, lo in (("starts", 1), ("max_steps", 1), ("tosses", 1), ("max_samples", 10)):
         if getattr(args, name) is not None and getattr(args, name) < lo:
@@ -381,9 +382,6 @@ def run_pendulum(args) -> int:
     import numpy as np
 
     jax.config.update("jax_enable_x64", True)
-    from .identify import FitStatus, exit_code
-    from .identify.pendulum import combine_pendulum, fit_pendulum_segments
-    from .io import DataError
 
     for name in ("mass", "pivot_distance", "gravity"):
         v = getattr(args, name)
@@ -467,6 +465,5 @@ def run_pendulum(args) -> int:
 
 
 def _pm(v, e) -> str:
-    from .identify._result import pm
 
     return pm(v, e)
