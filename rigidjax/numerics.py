@@ -294,11 +294,13 @@ def partial_jvp(fn, args, slots, tangents, dtype):
 
 
 def comps(a, n):
+    """The ``n`` components of ``a (..., n)`` as a tuple of arrays of the batch shape."""
     a = jnp.asarray(a)
     return tuple(a[..., i] for i in range(n))
 
 
 def block(A, rows, cols):
+    """Entries ``A[..., i, j]`` for ``i`` in ``rows``, ``j`` in ``cols``, as a tuple of row tuples."""
     A = jnp.asarray(A)
     return tuple(tuple(A[..., i, j] for j in cols) for i in rows)
 
@@ -308,14 +310,17 @@ def block(A, rows, cols):
 
 
 def mv(A, x):
+    """``A x`` for a matrix ``A`` (row tuples) and a vector ``x`` (tuple); zeros skipped."""
     return tuple(sum_nonzero(zip(r, x)) for r in A)
 
 
 def mm(A, B):
+    """``A B`` for two 3x3 matrices in tuple form; zeros skipped."""
     return tuple(tuple(sum_nonzero((r[k], B[k][j]) for k in range(3)) for j in range(3)) for r in A)
 
 
 def cross(a, b):
+    """``a x b`` for two 3-vectors in tuple form."""
     return (a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0])
 
 
@@ -339,12 +344,25 @@ def inv3(A):
 
 
 def stack(cs):
+    """The components ``cs`` back as one array ``(..., len(cs))`` (broadcast to one shape)."""
     shape = jnp.broadcast_shapes(*(jnp.shape(c) for c in cs))
     return jnp.stack([jnp.broadcast_to(c, shape) for c in cs], -1)
 
 
-def norm3(c):
-    # safe_norm: zero gradient (not NaN) at zero
-    sq = c[0] * c[0] + c[1] * c[1] + c[2] * c[2]
+def inv3_array(A):
+    """:func:`inv3` of ``A (..., 3, 3)`` in array form: ``(..., 3, 3)``."""
+    rows = inv3(block(A, range(3), range(3)))
+    return jnp.stack([stack(r) for r in rows], -2)
+
+
+def safe_sqrt(sq):
+    """``sqrt(sq)`` for ``sq >= 0`` whose derivative at ``sq = 0`` is zero, not inf or NaN (the
+    double ``where`` keeps both branches finite): every safe norm in rigidjax is this of a sum of
+    squares."""
     pos = sq > 0
     return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1)), 0)
+
+
+def norm3(c):
+    """Safe Euclidean norm (:func:`safe_sqrt`) of a 3-vector in per-component form."""
+    return safe_sqrt(c[0] * c[0] + c[1] * c[1] + c[2] * c[2])

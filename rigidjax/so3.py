@@ -23,6 +23,8 @@ import jax.numpy as jnp
 import jaxlie
 from jaxlie.utils import get_epsilon
 
+from .numerics import safe_sqrt
+
 __all__ = [
     "identity",
     "normalize",
@@ -50,9 +52,7 @@ __all__ = [
 
 def safe_norm(x: jax.Array, axis: int = -1, keepdims: bool = False) -> jax.Array:
     """Euclidean norm along ``axis`` whose gradient at ``x = 0`` is zero, not NaN."""
-    sq = jnp.sum(x * x, axis=axis, keepdims=keepdims)
-    pos = sq > 0
-    return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1)), 0)
+    return safe_sqrt(jnp.sum(x * x, axis=axis, keepdims=keepdims))
 
 
 def exp_coefficients(t2: jax.Array):

@@ -87,7 +87,7 @@ def step_vjp(consts, c0: MidpointCarry, c1: MidpointCarry, ok, dt, lam1, ct1: Mi
     ct1 = jax.tree_util.tree_map(lambda a, b: a + b, carry_from_array(lam1), ct1)
     m, J, R, g, inv11, P, A21, A21P = consts
     dtype = c0.angular_velocity[0].dtype
-    x, q, v, w = c0.position, c0.orientation, c0.velocity, c0.angular_velocity
+    q, v, w = c0.orientation, c0.velocity, c0.angular_velocity
     v1, w1 = c1.velocity, c1.angular_velocity
     xb1, qb1, vb1, wb1 = ct1.position, ct1.orientation, ct1.velocity, ct1.angular_velocity
     dV = tuple(a - b for a, b in zip(v1 + w1, v + w))

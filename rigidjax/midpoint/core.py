@@ -16,7 +16,7 @@ import numpy as np
 from .. import so3
 from ..body import RigidBodyState
 from ..info import make_info, step_status
-from ..numerics import comps, materialize, norm3, stack
+from ..numerics import comps, inv3_array, materialize, norm3, stack
 from .equations import _model_parts, _solve_blocks, _twist_rhs, _zero_pattern
 
 __all__ = ["MidpointCarry", "pack_state", "unpack_state"]
@@ -100,16 +100,6 @@ def _ahat(w):
     )
 
 
-def _inv3_arrays(A):
-    """Inverse of (…, 3, 3) by scaled cofactors (rows' cross products), array form."""
-    s = jnp.abs(A[..., 0, 0] + A[..., 1, 1] + A[..., 2, 2])[..., None, None] / 3
-    A = A / s
-    a0, a1, a2 = A[..., 0, :], A[..., 1, :], A[..., 2, :]
-    c0, c1, c2 = jnp.cross(a1, a2), jnp.cross(a2, a0), jnp.cross(a0, a1)
-    det = jnp.sum(a0 * c0, -1)
-    return jnp.stack([c0, c1, c2], -1) / (det[..., None, None] * s)
-
-
 def _step_solver(body, w, dt):
     """``b -> (M/dt + R - K(w)/2)^-1 b`` for (…, 6) right-hand sides, by the block elimination
     of :func:`_solve_blocks` in array form; the factors are built once, for the primal and
@@ -118,10 +108,10 @@ def _step_solver(body, w, dt):
     R, J = body.resistance, body.inertia
     m_dt = (jnp.asarray(body.mass) / dt)[..., None, None] * jnp.eye(3, dtype=w.dtype)
     A21 = R[..., 3:, :3]
-    inv11 = _inv3_arrays(m_dt + R[..., :3, :3])
+    inv11 = inv3_array(m_dt + R[..., :3, :3])
     P = _amm(inv11, R[..., :3, 3:])
     K = _ahat(_amv(J, w)) - _amm(_ahat(w), J)
-    inv_s = _inv3_arrays(J / dt[..., None, None] + R[..., 3:, 3:] - 0.5 * K - _amm(A21, P))
+    inv_s = inv3_array(J / dt[..., None, None] + R[..., 3:, 3:] - 0.5 * K - _amm(A21, P))
 
     def solve(b):
         y1 = _amv(inv11, b[..., :3])
