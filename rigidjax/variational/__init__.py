@@ -64,11 +64,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .numerics import check_kinds, is_concrete, where_tree
-from .newton import custom_root
-from .info import Status, StepInfo, make_info
-from .linalg import lu_factor_small, lu_solve_small, solve_small
-from .linalg import singular as linalg_singular
+from ..numerics import check_kinds, is_concrete, where_tree
+from ..newton import custom_root
+from ..info import Status, StepInfo, make_info
+from ..linalg import lu_factor_small, lu_solve_small, solve_small
+from ..linalg import singular as linalg_singular
 
 __all__ = [
     "MechanicalSystem",
