@@ -37,7 +37,7 @@ from .identify import InertiaFit, fit_inertia
 from .inertia import InertiaProperties
 from .io import DataError, Segment, load, load_csv, load_npz, load_phyphox
 from .synthetic import synthesize_recording
-from .variational import MechanicalSystem, VIState, linearize, vi_state, vi_state_from_configs, vi_step
+from .variational import MechanicalSystem, MidpointVI, VIState, linearize, vi_state, vi_state_from_configs, vi_step
 
 __version__ = "0.1.0"
 
@@ -66,6 +66,7 @@ __all__ = [
     "inertia",
     "identify",
     "io",
+    "linalg",
     "lqr",
     "reference",
     "synthetic",
@@ -91,6 +92,7 @@ __all__ = [
     "synthesize_recording",
     "MechanicalSystem",
     "VIState",
+    "MidpointVI",
     "linearize",
     "vi_state",
     "vi_state_from_configs",

@@ -440,7 +440,7 @@ def test_failures_reported_and_state_unchanged():
     # iteration cap too small for a large step: MAX_ITERATIONS per member, failed member frozen
     pend = systems.pendulum(1.0, 1.0, G)
     sb = vi_state(pend, jnp.array([[0.0], [2.0]]), jnp.array([[0.0], [0.0]]))
-    step1 = functools.partial(vi_step, max_iter=1)
+    step1 = functools.partial(vi_step, max_iterations=1)
     tr = rollout(step1, pend, sb, 0.1, 3)
     status = np.asarray(tr.info.status)
     assert np.all(status[:, 1] == Status.MAX_ITERATIONS)  # nonlinear member: 1 Newton step is not enough

@@ -1,6 +1,6 @@
 """rollout's structure-of-arrays fast path for the variational step on a free rigid body.
 
-``rollout(vi_step, systems.rigid_body(body), ...)`` runs :func:`rigidjax.systems.packed_form`'s
+``rollout(vi_step, systems.rigid_body(body), ...)`` runs :meth:`rigidjax.MidpointVI.packed`'s
 step (closed-form DEL residual and Newton matrix on per-coordinate arrays,
 :func:`rigidjax.linalg.solve_components`). Checked here: (1) it is the public step (a plain
 ``lax.scan`` of ``vi_step``, whose Newton matrix is ``jax.jacfwd`` of ``jax.grad`` of the
@@ -21,6 +21,7 @@ import pytest
 import rigidjax as rj
 from rigidjax import systems
 from rigidjax.info import Status
+from rigidjax.stepper import packed_form
 from rigidjax.variational import vi_step
 
 N_STEPS = 40
@@ -103,7 +104,7 @@ def test_packed_max_iterations_returns_the_input_state():
     system = systems.rigid_body(_body(0.0))
     st = _states(system, 2)
     # one Newton iteration cannot meet the tolerance: MAX_ITERATIONS, input state returned
-    one = jax.jit(lambda s: rj.rollout(functools.partial(vi_step, max_iter=1), system, s, DT, 3))(st)
+    one = jax.jit(lambda s: rj.rollout(functools.partial(vi_step, max_iterations=1), system, s, DT, 3))(st)
     assert (np.asarray(one.info.status) == Status.MAX_ITERATIONS).all()
     assert (np.asarray(one.info.iterations[0]) == 1).all()  # later steps: frozen members do not iterate
     np.testing.assert_array_equal(one.states.q[-1], st.q)
@@ -134,13 +135,13 @@ def test_packed_gradient_in_body_parameters_matches_central_differences():
 
 def test_only_free_rigid_bodies_take_the_packed_path():
     body = _body(0.0)
-    assert systems.packed_form(vi_step, systems.rigid_body(body)) is not None
-    assert systems.packed_form(functools.partial(vi_step, forcing_split="symmetric", max_iter=5), systems.rigid_body(body)) is not None
-    assert systems.packed_form(vi_step, systems.rigid_body(body, pivot_to_com=[0.0, 0.0, 0.3])) is None
-    assert systems.packed_form(vi_step, systems.pendulum()) is None
-    assert systems.packed_form(rj.midpoint_step, systems.rigid_body(body)) is None
+    assert packed_form(vi_step, systems.rigid_body(body)) is not None
+    assert packed_form(functools.partial(vi_step, forcing_split="symmetric", max_iterations=5), systems.rigid_body(body)) is not None
+    assert packed_form(vi_step, systems.rigid_body(body, pivot_to_com=[0.0, 0.0, 0.3])) is None
+    assert packed_form(vi_step, systems.pendulum()) is None
+    assert packed_form(rj.midpoint_step, systems.rigid_body(body)) is None
     with pytest.raises(ValueError, match="forcing_split"):
-        systems.packed_form(functools.partial(vi_step, forcing_split="right"), systems.rigid_body(body))
+        packed_form(functools.partial(vi_step, forcing_split="right"), systems.rigid_body(body))
 
 
 @pytest.mark.slow  # ~33 s of float32 compile (CI budget); tests/test_variational.py checks float32 on the generic path
