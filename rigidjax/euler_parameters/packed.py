@@ -26,8 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import so3
-from ..newton import custom_root
+from .. import newton, so3
 from ..info import Status, make_info
 from ..linalg import lu_solve_components, solve_components, solve_small
 from ..linalg import singular as linalg_singular
@@ -120,7 +119,6 @@ def _packed_ep_step(
 
     one = nb == 1  # components carry no body axis (EPCarry)
     b_ = (lambda a: a[0]) if one else (lambda a: a)  # a model array's per-body entries
-    bexp = (lambda a: a) if one else (lambda a: a[..., None])  # per-system -> per-body
     bmax = (lambda a: a) if one else (lambda a: jnp.max(a, -1))  # max over the bodies
 
     body = model.body
@@ -218,62 +216,48 @@ def _packed_ep_step(
 
     act = jnp.asarray(active) if active is not None else jnp.bool_(True)
 
-    def newton(f, z0):
-        def cond(c):
-            it, _, done, status, _ = c
-            return (it < max_iterations) & ~done & (status == Status.SUCCESS)
-
-        def body_fn(c):
-            it, z, _, _, _ = c
-            r, A = newton_matrix(z)
-            # translation first, pivoting within its block (m I + c_v R_vv: well conditioned)
-            d, piv, lu = solve_components(A, list(r), materialize_b=True, factors=True, leading=3)
-            d = materialize(*d)  # one loop for the back substitution (else one per consumer)
-            z1 = tuple(zi - di for zi, di in zip(z, d))
-            # the simplified-Newton update with the same factors (ep_step's newton)
-            r = materialize(*full(z1))
-            d = materialize(*lu_solve_components(lu, list(r)))
-            z1 = tuple(zi - di for zi, di in zip(z1, d))
-            pivots = jnp.stack(piv, -1)  # (..., [nb,] n): the system's pivots, as ep_step's one LU
-            sing = linalg_singular(pivots if one else pivots.reshape(*pivots.shape[:-2], -1))
-            nonfinite = bmax(~jnp.all(jnp.isfinite(jnp.stack(z1, -1)), -1))
-            small_a = amax(d[:7]) <= atol + rtol * amax(z1[:7])
-            small_l = amax(d[7:8]) <= atol + rtol * amax(z1[7:8])
-            if with_mu:
-                d_mu = amax(d[8:9])
-                th_hat, th, _, _ = configuration(z1)
-                xs = [ref[i] + q_pred[i] + c_q * z1[i] for i in range(3)] + list(th)
-                x_scale = jnp.maximum(1.0, amax(xs))
-                small_l &= (d_mu <= atol + rtol * amax(z1[:7])) | (beta_p * h * h * d_mu <= 8 * eps * x_scale)
-            status = jnp.where(sing, Status.SINGULAR, jnp.where(nonfinite, Status.NONFINITE, Status.SUCCESS))
-            status = status.astype(jnp.int32)
-            done = small_a & small_l & (status == Status.SUCCESS)
-            keep = status == Status.SUCCESS
-            z1 = tuple(jnp.where(bexp(keep), a, b) for a, b in zip(z1, z))
-            return it + 1, z1, done, status, amax(r)
-
-        batch = jnp.shape(z0[0]) if one else jnp.shape(z0[0])[:-1]
-        init = (
-            jnp.zeros(batch, jnp.int32), z0, ~jnp.broadcast_to(act, batch),
-            jnp.full(batch, Status.SUCCESS, jnp.int32), jnp.full(batch, jnp.inf, dtype),
-        )
-        it, z, done, status, res = jax.lax.while_loop(cond, body_fn, init)
-        status = jnp.where(done, Status.SUCCESS, jnp.where(status == Status.SUCCESS, Status.MAX_ITERATIONS, status))
-        return z, (it.astype(dtype), status.astype(dtype), res)
+    def update(f, z):
+        """A Newton update and a simplified-Newton update with the same factors (the public
+        step's update, per component)."""
+        r, A = newton_matrix(z)
+        # translation first, pivoting within its block (m I + c_v R_vv: well conditioned)
+        d, piv, lu = solve_components(A, list(r), materialize_b=True, factors=True, leading=3)
+        d = materialize(*d)  # one loop for the back substitution (else one per consumer)
+        z1 = tuple(zi - di for zi, di in zip(z, d))
+        r = materialize(*full(z1))
+        d = materialize(*lu_solve_components(lu, list(r)))
+        z1 = tuple(zi - di for zi, di in zip(z1, d))
+        pivots = jnp.stack(piv, -1)  # (..., [nb,] n): the system's pivots, as the public step's one LU
+        sing = linalg_singular(pivots if one else pivots.reshape(*pivots.shape[:-2], -1))
+        nonfinite = bmax(~jnp.all(jnp.isfinite(jnp.stack(z1, -1)), -1))
+        small_a = amax(d[:7]) <= atol + rtol * amax(z1[:7])
+        small_l = amax(d[7:8]) <= atol + rtol * amax(z1[7:8])
+        if with_mu:
+            # mu's increment: the public step's test (the accelerations' scale, or a position
+            # correction below the positions' resolution)
+            d_mu = amax(d[8:9])
+            th_hat, th, _, _ = configuration(z1)
+            xs = [ref[i] + q_pred[i] + c_q * z1[i] for i in range(3)] + list(th)
+            x_scale = jnp.maximum(1.0, amax(xs))
+            small_l &= (d_mu <= atol + rtol * amax(z1[:7])) | (beta_p * h * h * d_mu <= 8 * eps * x_scale)
+        return newton.Update(z1, small_a & small_l, sing, nonfinite, amax(r))
 
     def tangent_solve(g, y):
         # the Jacobian is block diagonal over the bodies: one column per unknown for all at once
         ones = jnp.ones_like(y[0])
-        cols = [g(tuple(ones if k == c else jnp.zeros_like(ones) for k in range(n_unknowns))) for c in range(n_unknowns)]
-        # array form here: differentiation only, and it compiles ~2x faster when transposed
+        unit = [tuple(ones if k == c else jnp.zeros_like(ones) for k in range(n_unknowns)) for c in range(n_unknowns)]
+        cols = [g(u) for u in unit]
+        # array form here: differentiation only, and its transpose compiles faster than the
+        # per-component form's
         A = jnp.stack([jnp.stack(col, -1) for col in cols], -1)  # (..., [nb,] n, n)
         x = solve_small(A, jnp.stack(y, -1))
         return tuple(x[..., k] for k in range(n_unknowns))
 
     z0 = (*qtt0, lam0) + ((jnp.zeros_like(lam0),) if with_mu else ())
-    z, aux = custom_root(full, z0, newton, tangent_solve)
-    aux = jax.lax.stop_gradient(aux)
-    iterations, status, res = aux[0].astype(jnp.int32), aux[1].astype(jnp.int32), aux[2]
+    batch = jnp.shape(z0[0]) if one else jnp.shape(z0[0])[:-1]  # the systems (members)
+    z, (iterations, status, res) = newton.solve(
+        full, z0, update, tangent_solve, max_iterations=max_iterations, stopped=~jnp.broadcast_to(act, batch)
+    )
 
     qtt1 = z[:7]
     a1 = tuple(c_a * qtt1[k] + base[k] for k in range(7))
