@@ -185,13 +185,16 @@ def test_only_free_body_models_of_ep_step_are_packed():
 
 def test_stepper_object_options():
     # defaults stated once, in the class; scheme=None is the default scheme
-    assert ep.GeneralizedAlphaEP() == ep.GeneralizedAlphaEP(scheme=None) == ep.GeneralizedAlphaEP(scheme=ep.generalized_alpha(0.9))
+    default = ep.GeneralizedAlphaEP()
+    assert default == ep.GeneralizedAlphaEP(scheme=None) == ep.GeneralizedAlphaEP(scheme=ep.generalized_alpha(0.9))
     assert rj.GeneralizedAlphaEP is ep.GeneralizedAlphaEP and ep.ep_step.stepper is ep.GeneralizedAlphaEP
-    assert rj.stepper.as_stepper(functools.partial(ep.ep_step, stabilized=False)) == ep.GeneralizedAlphaEP(stabilized=False)
+    bound = functools.partial(ep.ep_step, stabilized=False)
+    assert rj.stepper.as_stepper(bound) == ep.GeneralizedAlphaEP(stabilized=False)
+    model = ep.EPModel(rj.RigidBody(mass=1.0, inertia=jnp.eye(3)))
     with pytest.raises(ValueError, match="torque_frame"):
         ep.GeneralizedAlphaEP(torque_frame="inertial")
     with pytest.raises(ValueError, match="max_iterations"):
-        packed_form(functools.partial(ep.ep_step, max_iterations=0), ep.EPModel(rj.RigidBody(mass=1.0, inertia=jnp.eye(3))))
-    model = ep.EPModel(rj.RigidBody(mass=1.0, inertia=jnp.eye(3)))
+        packed_form(functools.partial(ep.ep_step, max_iterations=0), model)
     assert packed_form(ep.GeneralizedAlphaEP(max_rotation=1.0), model) is not None
-    assert packed_form(ep.GeneralizedAlphaEP(), ep.EPModel(rj.RigidBody(mass=1.0, inertia=jnp.eye(3)), euler_constraint="none")) is None
+    unconstrained = ep.EPModel(rj.RigidBody(mass=1.0, inertia=jnp.eye(3)), euler_constraint="none")
+    assert packed_form(default, unconstrained) is None
