@@ -1,7 +1,7 @@
 """rollout's structure-of-arrays fast path for the Euler-parameter step (free bodies).
 
 ``rollout(ep_step, ...)`` on a model of free bodies runs
-:func:`rigidjax.euler_parameters.packed_form`'s step (Newton matrix assembled entry by entry,
+:meth:`rigidjax.GeneralizedAlphaEP.packed`'s step (Newton matrix assembled entry by entry,
 :func:`rigidjax.linalg.solve_components`). Checked here: (1) it is the public step (a plain
 ``lax.scan`` of ``ep_step``, the autodiff-Jacobian implementation) iterate for iterate, in every
 option; (2) against the exact torque-free motion (Jacobi elliptic functions) at second order;
@@ -20,6 +20,7 @@ import rigidjax as rj
 from rigidjax import euler_parameters as ep
 from rigidjax.info import Status
 from rigidjax.reference import torque_free_omega
+from rigidjax.stepper import packed_form
 
 
 def _scan(step, model, s0, dt, n, loads=None):
@@ -60,7 +61,7 @@ CASES = [
 @pytest.mark.parametrize("euler_constraint,options", CASES)
 def test_packed_rollout_is_the_step_iterate_for_iterate(euler_constraint, options):
     model, s0 = _two_bodies(euler_constraint)
-    assert ep.packed_form(functools.partial(ep.ep_step, **options), model) is not None
+    assert packed_form(functools.partial(ep.ep_step, **options), model) is not None
     step = functools.partial(ep.ep_step, **options)
     n, dt = 120, 1e-2
     loads = jnp.asarray(np.random.default_rng(0).normal(size=(n, 2, 6)))
@@ -178,5 +179,22 @@ def test_packed_gradient_matches_central_differences():
 def test_only_free_body_models_of_ep_step_are_packed():
     body = rj.RigidBody(mass=1.0, inertia=jnp.diag(jnp.array([1.0, 2.0, 3.0])), gravity=jnp.array([0.0, 0.0, -9.81]))
     model = ep.EPModel(body, constraints=[ep.SphericalJoint(0, [0.0, 0.0, 0.5])])
-    assert ep.packed_form(ep.ep_step, model) is None
-    assert ep.packed_form(rj.midpoint_step, ep.EPModel(body)) is None
+    assert packed_form(ep.ep_step, model) is None
+    assert packed_form(rj.midpoint_step, ep.EPModel(body)) is None
+
+
+def test_stepper_object_options():
+    # defaults stated once, in the class; scheme=None is the default scheme
+    default = ep.GeneralizedAlphaEP()
+    assert default == ep.GeneralizedAlphaEP(scheme=None) == ep.GeneralizedAlphaEP(scheme=ep.generalized_alpha(0.9))
+    assert rj.GeneralizedAlphaEP is ep.GeneralizedAlphaEP and ep.ep_step.stepper is ep.GeneralizedAlphaEP
+    bound = functools.partial(ep.ep_step, stabilized=False)
+    assert rj.stepper.as_stepper(bound) == ep.GeneralizedAlphaEP(stabilized=False)
+    model = ep.EPModel(rj.RigidBody(mass=1.0, inertia=jnp.eye(3)))
+    with pytest.raises(ValueError, match="torque_frame"):
+        ep.GeneralizedAlphaEP(torque_frame="inertial")
+    with pytest.raises(ValueError, match="max_iterations"):
+        packed_form(functools.partial(ep.ep_step, max_iterations=0), model)
+    assert packed_form(ep.GeneralizedAlphaEP(max_rotation=1.0), model) is not None
+    unconstrained = ep.EPModel(rj.RigidBody(mass=1.0, inertia=jnp.eye(3)), euler_constraint="none")
+    assert packed_form(default, unconstrained) is None
