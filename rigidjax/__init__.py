@@ -5,6 +5,11 @@ Conventions: unit quaternions ``[w, x, y, z]`` rotate body to world; twist
 body frame about the centre of mass. rigidjax never changes global JAX config: enable
 float64 yourself with ``jax.config.update("jax_enable_x64", True)``; every function
 follows the dtype of its inputs.
+
+The steppers are objects whose fields are their options (:class:`Midpoint`,
+:class:`GeneralizedAlphaEP`, :class:`MidpointVI`; :mod:`rigidjax.stepper` is the protocol the
+rollouts use); ``midpoint_step``, ``ep_step`` and ``vi_step`` are their function forms. The
+layers of the package: ``docs/architecture.md``.
 """
 
 from . import so3
@@ -21,7 +26,11 @@ from .body import (
 from .info import Status, StepFailure, StepInfo, check
 from .midpoint import Midpoint, gyroscopic_jacobian, gyroscopic_term, midpoint_step
 from .rollout import Trajectory, rollout
-from . import euler_parameters, inertia, identify, io, linalg, lqr, reference, synthetic, systems, variational
+from . import (
+    euler_parameters, identify, inertia, io, linalg, lqr, midpoint, newton, numerics, reference, scenarios, stepper,
+    synthetic, systems, variational,
+)
+from .stepper import AbstractStepper
 from .ensemble import ensemble_rollout
 from .euler_parameters import (
     EPModel,
@@ -44,6 +53,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "so3",
+    "midpoint",
+    "newton",
+    "numerics",
+    "scenarios",
+    "stepper",
+    "AbstractStepper",
     "RigidBody",
     "RigidBodyState",
     "angular_momentum",

@@ -17,7 +17,7 @@ import numpy as np
 
 from .numerics import is_concrete
 
-__all__ = ["Status", "StepInfo", "StepFailure", "check", "make_info", "step_status"]
+__all__ = ["Status", "StepInfo", "StepFailure", "check", "make_info", "rotation_status", "step_status"]
 
 
 class Status(enum.IntEnum):
@@ -87,19 +87,21 @@ def make_info(status, iterations, residual, rotation) -> StepInfo:
     )
 
 
-def step_status(solve_status=Status.SUCCESS, *, finite, valid, rotation, max_rotation) -> jax.Array:
-    """Every stepper's status rule (``int32``, per member), from the most to the least severe:
-
+def step_status(solve_status=Status.SUCCESS, *, finite, valid) -> jax.Array:
+    """Every stepper's failure rule (``int32``, per member), from the most to the least severe:
     ``INVALID_INPUT`` where not ``valid`` (a traced input out of range); else the solve's
-    failure (``MAX_ITERATIONS``, ``SINGULAR``, ``NONFINITE``); else ``NONFINITE`` where the new
-    state is not ``finite``; else ``ROTATION_LIMIT`` where ``rotation > max_rotation`` (rad);
-    else ``SUCCESS``. ``solve_status`` is the Newton loop's status (``SUCCESS`` for a linearly
-    implicit step).
+    failure (``MAX_ITERATIONS``, ``SINGULAR``, ``NONFINITE``; :mod:`rigidjax.newton`); else
+    ``NONFINITE`` where the new state is not ``finite``; else ``SUCCESS``. ``solve_status`` is
+    ``SUCCESS`` for a linearly implicit step. A step then applies :func:`rotation_status`.
     """
     status = jnp.asarray(solve_status, jnp.int32)
     status = jnp.where((status == Status.SUCCESS) & ~finite, Status.NONFINITE, status)
-    status = jnp.where((status == Status.SUCCESS) & (rotation > max_rotation), Status.ROTATION_LIMIT, status)
     return jnp.where(valid, status, Status.INVALID_INPUT).astype(jnp.int32)
+
+
+def rotation_status(status, rotation, max_rotation) -> jax.Array:
+    """``ROTATION_LIMIT`` where a successful step turned by ``rotation > max_rotation`` (rad)."""
+    return jnp.where((status == Status.SUCCESS) & (rotation > max_rotation), Status.ROTATION_LIMIT, status)
 
 
 class StepFailure(RuntimeError):

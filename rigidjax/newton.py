@@ -153,9 +153,10 @@ def custom_root(f, z0, solve, tangent_solve):
     return jax.lax.custom_root(f, z0, solve_then_mark, tangent_solve, has_aux=True)
 
 
-def dense_tangent_solve(g, y):
+def dense_tangent_solve(g, y, *, method: str = "elimination"):
     """``tangent_solve`` for an array unknown ``y (n,)``: the Jacobian materialised by
-    ``jax.jacfwd`` and solved by :func:`rigidjax.linalg.solve_small` (no LAPACK call).
+    ``jax.jacfwd`` and solved by :func:`rigidjax.linalg.solve_small` (``method``: its linear
+    solver, default ``"elimination"``: no LAPACK call).
 
     A member whose Jacobian is not finite (a failed solve, e.g. a NaN load) gets a zero
     tangent, not NaN: under ``vmap`` its NaN would otherwise reach every shared parameter's
@@ -163,4 +164,4 @@ def dense_tangent_solve(g, y):
     """
     J = jax.jacfwd(g)(y)
     ok = jnp.all(jnp.isfinite(J))
-    return solve_small(jnp.where(ok, J, jnp.eye(J.shape[-1], dtype=J.dtype)), jnp.where(ok, y, 0))
+    return solve_small(jnp.where(ok, J, jnp.eye(J.shape[-1], dtype=J.dtype)), jnp.where(ok, y, 0), method=method)

@@ -178,6 +178,7 @@ def _batched(tree, N):
 
 def test_vmapped_ep_and_vi_steps_have_no_lapack():
     import rigidjax as rj
+    import rigidjax as rj
     from rigidjax import euler_parameters as ep
     from rigidjax import systems
     from rigidjax.variational import vi_step
@@ -395,3 +396,33 @@ def test_two_device_ensemble_above_small_max_does_not_deadlock():
     proc = subprocess.run([sys.executable, "-c", DEADLOCK_PROBE], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "RESULT True" in proc.stdout
+
+
+@pytest.mark.parametrize("which", ["vi", pytest.param("ep", marks=pytest.mark.slow)])  # ep: ~15 s of compiles
+def test_steppers_take_the_linear_solver_option(which):
+    # GeneralizedAlphaEP / MidpointVI(linear_solver="lapack"): LAPACK in the Newton solve, the
+    # same step as the default elimination (both GEPP: the same iterates to round-off), no fast form
+    import rigidjax as rj
+    from rigidjax import euler_parameters as ep
+    from rigidjax import systems
+    from rigidjax.stepper import packed_form
+
+    body = rj.RigidBody(1.0, [1.0, 2.0, 3.0])
+    w0 = jnp.array([0.01, 2.0, 0.0])
+    if which == "ep":
+        cls, m = rj.GeneralizedAlphaEP, ep.EPModel(body)
+        s = ep.initial_state(m, angular_velocity=w0)
+    else:
+        cls, m = rj.MidpointVI, systems.rigid_body(body)
+        s = systems.rigid_body_vi_state(m, rj.RigidBodyState(angular_velocity=w0))
+    default, lapack = cls(), cls(linear_solver="lapack")
+    assert packed_form(lapack, m) is None and packed_form(default, m) is not None
+    a, info_a = jax.jit(default)(m, s, None, 0.01)
+    lowered = jax.jit(lapack).lower(m, s, None, 0.01)
+    assert _lapack_targets(lowered.as_text())
+    b, info_b = lowered.compile()(m, s, None, 0.01)
+    assert int(info_a.status) == int(info_b.status) == 0 and int(info_a.iterations) == int(info_b.iterations)
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match="linear_solver"):
+        cls(linear_solver="cholesky")

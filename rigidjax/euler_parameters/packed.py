@@ -27,10 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import newton, so3
-from ..info import Status, make_info
+from ..info import Status, make_info, rotation_status, step_status
 from ..linalg import lu_solve_components, solve_components, solve_small
 from ..linalg import singular as linalg_singular
 from ..numerics import (
+    norm3,
     cross, materialize, materialize_chunks, mv, partial_jvp, static_zero, static_zeros, sum_nonzero, where_tree,
 )
 from .equations import _check_state_shape, _default_tol, _wrench_array
@@ -269,9 +270,7 @@ def _packed_ep_step(
 
     def omega_max(q, v):
         w = so3.g_body_apply(tuple(ref[3 + j] + q[3 + j] for j in range(4)), v[3:])
-        sq = w[0] * w[0] + w[1] * w[1] + w[2] * w[2]
-        pos = sq > 0
-        return bmax(jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1)), 0))
+        return bmax(norm3(w))
 
     new = EPCarry(carry.time + h, tuple(q1), v1, tuple(qtt1), a1, z[7])
     dt_ok = (h > 0) & jnp.isfinite(h)  # a traced dt out of range: nothing advances
@@ -288,13 +287,12 @@ def _packed_ep_step(
     else:
         every = jnp.stack([*z, *q1, *v1], -1)
         finite = ~bmax(~jnp.all(jnp.isfinite(every), -1))
-    status = jnp.where((status == Status.SUCCESS) & ~finite, Status.NONFINITE, status)
-    status = jnp.where(dt_ok, status, Status.INVALID_INPUT)
+    status = step_status(status, finite=finite, valid=dt_ok)
     ok = (status == Status.SUCCESS) & act
     if not one:
         new = where_tree(ok, new, carry)
         rotation = jnp.maximum(omega_max(q0, v0), omega_max(new.coordinates, new.velocities)) * h
-    status = jnp.where(ok & (rotation > max_rotation), Status.ROTATION_LIMIT, status)
+    status = rotation_status(status, jnp.where(act, rotation, 0), max_rotation)
     return new, make_info(status, iterations, res, rotation)
 
 

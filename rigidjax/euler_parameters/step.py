@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from .. import newton, so3
-from ..info import Status, StepInfo, make_info
-from ..linalg import lu_factor_small, lu_solve_small
+from ..info import Status, StepInfo, make_info, rotation_status, step_status
+from ..linalg import METHODS, lu_factor_small, lu_solve_small
 from ..linalg import singular as linalg_singular
 from ..numerics import check_kinds, where_tree
 from ..stepper import AbstractStepper, PackedStep
@@ -52,6 +52,10 @@ class GeneralizedAlphaEP(AbstractStepper):
             (state advanced; the accuracy degrades as ``|omega| dt`` grows); ``inf`` disables.
         stabilized: ``True`` for the stabilized index-2 (GGL) form, ``False`` for plain
             index 3 (see the package docstring; index 3 is unstable for fast spins).
+        linear_solver: the Newton matrix's solver, one of :data:`rigidjax.linalg.METHODS`:
+            ``"elimination"`` (default; no LAPACK call, and the fast form of free bodies) or
+            ``"lapack"`` (XLA's LAPACK: see :mod:`rigidjax.linalg` for the batched-call
+            deadlock on small CPU machines).
 
     ``GeneralizedAlphaEP(...)(model, state, inputs, dt) -> (new_state, info)``; pure,
     jit/vmap/grad-able:
@@ -92,8 +96,11 @@ class GeneralizedAlphaEP(AbstractStepper):
     max_iterations: int = eqx.field(static=True, default=10)
     max_rotation: float = eqx.field(static=True, default=0.5)
     stabilized: bool = eqx.field(static=True, default=True)
+    linear_solver: str = eqx.field(static=True, default="elimination")
 
     def __check_init__(self):
+        if self.linear_solver not in METHODS:
+            raise ValueError(f"linear_solver must be one of {METHODS}; got {self.linear_solver!r}")
         if self.torque_frame not in ("body", "world"):
             raise ValueError(f"torque_frame must be 'body' or 'world'; got {self.torque_frame!r}")
         if int(self.max_iterations) < 1:
@@ -161,7 +168,7 @@ class GeneralizedAlphaEP(AbstractStepper):
             r, lin = jax.linearize(f, z)
             J = jax.vmap(lin, out_axes=1)(jnp.eye(z.shape[0], dtype=z.dtype))
             # no LAPACK custom call (rigidjax.linalg: XLA:CPU deadlock of batched calls)
-            lu, pivots = lu_factor_small(J)
+            lu, pivots = lu_factor_small(J, method=self.linear_solver)
             z1 = z - lu_solve_small(lu, r)
             # a simplified-Newton update with the same factors (Shamanskii): cubic convergence
             # per iteration matrix, and the tests below measure the error left by the Newton update
@@ -186,7 +193,8 @@ class GeneralizedAlphaEP(AbstractStepper):
 
         z0 = jnp.concatenate([qtt0.reshape(-1), lam0, jnp.zeros((n_mu,), dtype)])
         z, (iterations, status, res) = newton.solve(
-            residual, z0, update, newton.dense_tangent_solve, max_iterations=self.max_iterations
+            residual, z0, update, functools.partial(newton.dense_tangent_solve, method=self.linear_solver),
+            max_iterations=self.max_iterations,
         )
         qtt1, a1, q1, v1, lam1 = unpack(z)
         new = EPState(
@@ -198,8 +206,7 @@ class GeneralizedAlphaEP(AbstractStepper):
             multipliers=lam1,
         )
         finite = jnp.all(jnp.isfinite(z)) & jnp.all(jnp.isfinite(q1)) & jnp.all(jnp.isfinite(v1))
-        status = jnp.where((status == Status.SUCCESS) & ~finite, Status.NONFINITE, status)
-        status = jnp.where((h > 0) & jnp.isfinite(h), status, Status.INVALID_INPUT)  # a traced dt out of range
+        status = step_status(status, finite=finite, valid=(h > 0) & jnp.isfinite(h))  # valid: a traced dt
         ok = status == Status.SUCCESS
         new = where_tree(ok, new, state)
 
@@ -209,7 +216,7 @@ class GeneralizedAlphaEP(AbstractStepper):
             return jnp.max(so3.safe_norm(w))
 
         rotation = jnp.maximum(omega_max(q0, v0), omega_max(new.coordinates, new.velocities)) * h
-        status = jnp.where(ok & (rotation > self.max_rotation), Status.ROTATION_LIMIT, status)
+        status = rotation_status(status, rotation, self.max_rotation)
         info = make_info(status, iterations, res, rotation)
         return new, info
 
@@ -225,7 +232,7 @@ class GeneralizedAlphaEP(AbstractStepper):
         loops; see :mod:`rigidjax.euler_parameters.packed` for the structural zeros of a model
         held fixed and the order of the elimination.
         """
-        if not isinstance(model, EPModel):
+        if not isinstance(model, EPModel) or self.linear_solver != "elimination":
             return None
         if model.constraints or model.euler_constraint not in ("position", "velocity"):
             return None

@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import so3
 from ..body import RigidBodyState
-from ..info import make_info, step_status
+from ..info import make_info, rotation_status, step_status
 from ..numerics import comps, inv3_array, materialize, norm3, stack
 from .equations import _model_parts, _solve_blocks, _twist_rhs, _zero_pattern
 
@@ -313,6 +313,6 @@ def _packed_step(body, carry: MidpointCarry, wrench, dt, active, attitude, max_r
         body, carry.time, carry.position, carry.orientation, carry.velocity, carry.angular_velocity,
         wrench, dt, run, attitude, _zero_pattern(body),
     )
-    status = step_status(finite=ok | ~run, valid=valid, rotation=rotation, max_rotation=max_rotation)
+    status = rotation_status(step_status(finite=ok | ~run, valid=valid), rotation, max_rotation)
     info = make_info(status, jnp.ones_like(status), jnp.zeros_like(rotation), rotation)
     return MidpointCarry(t1, x1, q1, v1, w1), info

@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 
 from .. import newton, so3
-from ..info import Status, make_info
+from ..info import Status, make_info, rotation_status, step_status
 from ..linalg import lu_solve_components, singular, solve_components, solve_small
-from ..numerics import materialize, materialize_chunks, mv, partial_jvp, static_zero, static_zeros, sum_nonzero
+from ..numerics import materialize, norm3, materialize_chunks, mv, partial_jvp, static_zero, static_zeros, sum_nonzero
 from ..stepper import PackedStep
 from .free_body import is_free_body
 from .system import VIState, _check_input_batch, _check_vi_state, _default_tol, _split_inputs
@@ -124,9 +124,7 @@ def _quat_angle(a, b):
     x = a[0] * b[1] - a[1] * b[0] - (a[2] * b[3] - a[3] * b[2])
     y = a[0] * b[2] - a[2] * b[0] - (a[3] * b[1] - a[1] * b[3])
     z = a[0] * b[3] - a[3] * b[0] - (a[1] * b[2] - a[2] * b[1])
-    sq = x * x + y * y + z * z
-    pos = sq > 0
-    return 2 * jnp.arctan2(jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1)), 0), jnp.abs(w))
+    return 2 * jnp.arctan2(norm3((x, y, z)), jnp.abs(w))
 
 
 
@@ -241,12 +239,7 @@ def _packed_vi_step(
     p2, qd2 = flat[:7], flat[7:]
     new = VICarry(time=carry.time + h, q=q2, p=p2, lam=z[7], qdot=qd2)
     finite = _all_finite((*q2, *p2, z[7])) & u_ok
-    status = jnp.where(
-        solve.status == Status.SINGULAR,
-        Status.SINGULAR,
-        jnp.where(~finite | (solve.status == Status.NONFINITE), Status.NONFINITE, solve.status),
-    )
-    status = jnp.where((h > 0) & jnp.isfinite(h), status, Status.INVALID_INPUT)  # a traced dt out of range
+    status = step_status(solve.status, finite=finite, valid=(h > 0) & jnp.isfinite(h))  # valid: a traced dt
     status = jnp.where(act, status, Status.SUCCESS)
     ok = (status == Status.SUCCESS) & act
     ok = materialize(ok.astype(dtype))[0] > 0.5  # once, not inside each of the 22 selects
@@ -257,7 +250,7 @@ def _packed_vi_step(
     e1 = q1[3:]
     rot = _quat_angle(e1, tuple(e1[j] + s * qd1[3 + j] for j in range(4))) * (h / s)
     rot = jnp.where(ok, jnp.maximum(rot, _quat_angle(e1, q2[3:])), rot)
-    status = jnp.where(ok & (rot > max_rotation), Status.ROTATION_LIMIT, status)
+    status = rotation_status(status, jnp.where(ok, rot, 0), max_rotation)
     leaves, treedef = jax.tree_util.tree_flatten(new)
     sel = [jnp.where(ok, a, b) for a, b in zip(leaves, jax.tree_util.tree_leaves(carry))]
     out = jax.tree_util.tree_unflatten(treedef, materialize_chunks(*sel, size=8))  # 3 loops, not 22

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import newton
-from ..info import Status, StepInfo, make_info
-from ..linalg import lu_factor_small, lu_solve_small
+from ..info import Status, StepInfo, make_info, rotation_status, step_status
+from ..linalg import METHODS, lu_factor_small, lu_solve_small
 from ..linalg import singular as linalg_singular
 from ..numerics import check_kinds, where_tree
 from ..stepper import AbstractStepper, PackedStep
@@ -62,7 +62,7 @@ def del_residual(system: MechanicalSystem, x, q1, p1, u, rho, t1, dt, forcing_sp
     return r.astype(x.dtype)
 
 
-def _shamanskii_update(f, x, *, rtol, atol):
+def _shamanskii_update(f, x, *, rtol, atol, linear_solver="elimination"):
     """One iteration of the DEL solve for :func:`rigidjax.newton.solve`: a Newton update with
     the exact Jacobian (``jax.jacfwd``) and a simplified-Newton update with the same LU factors
     (Shamanskii); converged when the latter's ``|dx_i| <= atol + rtol |x_i|`` for all ``i``.
@@ -77,7 +77,7 @@ def _shamanskii_update(f, x, *, rtol, atol):
 
     J, r = jax.jacfwd(value, has_aux=True)(x)
     # no LAPACK custom call (rigidjax.linalg: XLA:CPU deadlock of batched calls)
-    lu, pivots = lu_factor_small(J)
+    lu, pivots = lu_factor_small(J, method=linear_solver)
     # partial pivoting: a (relatively) vanishing pivot means a singular Jacobian
     singular = linalg_singular(pivots)
     x1 = x + lu_solve_small(lu, -r)
@@ -92,13 +92,15 @@ def _shamanskii_update(f, x, *, rtol, atol):
     return newton.Update(x_new, converged, singular, nonfinite, residual)
 
 
-def _solve_del(system, q1, p1, u, rho, t1, dt, guess, rtol, atol, max_iterations, forcing_split):
+def _solve_del(system, q1, p1, u, rho, t1, dt, guess, rtol, atol, max_iterations, forcing_split,
+               linear_solver="elimination"):
     """The DEL equation solved for ``x = (q2_dynamic, lambda1)`` from ``guess``, differentiable
     (implicitly): ``(x, rigidjax.newton.NewtonInfo)``."""
     def F(x):
         return del_residual(system, x, q1, p1, u, rho, t1, dt, forcing_split)
-    update = functools.partial(_shamanskii_update, rtol=rtol, atol=atol)
-    return newton.solve(F, guess, update, newton.dense_tangent_solve, max_iterations=max_iterations)
+    update = functools.partial(_shamanskii_update, rtol=rtol, atol=atol, linear_solver=linear_solver)
+    tangent_solve = functools.partial(newton.dense_tangent_solve, method=linear_solver)
+    return newton.solve(F, guess, update, tangent_solve, max_iterations=max_iterations)
 
 
 def _input_rotation(system, q1, qdot, dt):
@@ -115,7 +117,7 @@ def _input_rotation(system, q1, qdot, dt):
     return (system.rotation(q1, q1 + s * qdot) * (dt / s)).astype(q1.dtype)
 
 
-def _step_single(system, state, u, rho, dt, rtol, atol, max_iterations, forcing_split, max_rotation):
+def _step_single(system, state, u, rho, dt, rtol, atol, max_iterations, forcing_split, max_rotation, linear_solver):
     q1, p1, t1 = state.q, state.p, state.time
     nd = system.n_dynamic
     # a non-finite input fails the step (NONFINITE below); it is replaced by 0 so that no NaN
@@ -123,27 +125,24 @@ def _step_single(system, state, u, rho, dt, rtol, atol, max_iterations, forcing_
     u_ok = jnp.all(jnp.isfinite(u)) & jnp.all(jnp.isfinite(rho))
     u, rho = jnp.where(u_ok, u, 0), jnp.where(u_ok, rho, 0)
     guess = jnp.concatenate([_dyn(system, q1 + dt * state.qdot), state.lam])
-    x, solve = _solve_del(system, q1, p1, u, rho, t1, dt, guess, rtol, atol, max_iterations, forcing_split)
+    x, solve = _solve_del(
+        system, q1, p1, u, rho, t1, dt, guess, rtol, atol, max_iterations, forcing_split, linear_solver
+    )
     t2 = t1 + dt
     q2 = _assemble(system, x[:nd], rho)
     lam = x[nd:]
     p2 = _new_momentum(system, q1, q2, u, t1, t2, forcing_split).astype(p1.dtype)
     new = VIState(time=t2, q=q2, p=p2, lam=lam, qdot=(q2 - q1) / dt)
     finite = jnp.all(jnp.isfinite(q2)) & jnp.all(jnp.isfinite(p2)) & jnp.all(jnp.isfinite(lam)) & u_ok
-    status = jnp.where(
-        solve.status == Status.SINGULAR,
-        Status.SINGULAR,
-        jnp.where(~finite | (solve.status == Status.NONFINITE), Status.NONFINITE, solve.status),
-    )
-    # a traced dt (not checked at the boundary) out of range: nothing advances
-    status = jnp.where((dt > 0) & jnp.isfinite(dt), status, Status.INVALID_INPUT)
+    # valid: a traced dt (not checked at the boundary) out of range: nothing advances
+    status = step_status(solve.status, finite=finite, valid=(dt > 0) & jnp.isfinite(dt))
     ok = status == Status.SUCCESS
     # as midpoint_step / ep_step: max of the input's and the step's rotation on success, the
     # input's alone on failure (a failed solve's q2 says nothing about the motion)
     rot = _input_rotation(system, q1, state.qdot, dt)
     if system.rotation is not None:
         rot = jnp.where(ok, jnp.maximum(rot, system.rotation(q1, q2).astype(q1.dtype)), rot)
-    status = jnp.where(ok & (rot > max_rotation), Status.ROTATION_LIMIT, status)
+    status = rotation_status(status, rot, max_rotation)
     out = where_tree(ok, new, state)
     return out, make_info(status, solve.iterations, solve.residual, jax.lax.stop_gradient(rot))
 
@@ -165,6 +164,10 @@ class MidpointVI(AbstractStepper):
         max_rotation: rad, ``> 0``; a successful step whose ``info.rotation`` exceeds it is
             flagged ``Status.ROTATION_LIMIT`` (state advanced, accuracy degrades: reduce ``dt``);
             the default 0.5 is :class:`rigidjax.Midpoint`'s; ``inf`` disables the flag.
+        linear_solver: the Newton matrix's solver, one of :data:`rigidjax.linalg.METHODS`:
+            ``"elimination"`` (default; no LAPACK call, and the fast form of a free rigid
+            body) or ``"lapack"`` (XLA's LAPACK: see :mod:`rigidjax.linalg` for the
+            batched-call deadlock on small CPU machines).
 
     ``MidpointVI(...)(system, state, inputs, dt) -> (new_state, info)``, pure, jit-able,
     vmap-able, differentiable:
@@ -212,8 +215,11 @@ class MidpointVI(AbstractStepper):
     max_iterations: int = eqx.field(static=True, default=20)
     forcing_split: Literal["left", "symmetric"] = eqx.field(static=True, default="left")
     max_rotation: float = eqx.field(static=True, default=0.5, converter=float)
+    linear_solver: str = eqx.field(static=True, default="elimination")
 
     def __check_init__(self):
+        if self.linear_solver not in METHODS:
+            raise ValueError(f"linear_solver must be one of {METHODS}; got {self.linear_solver!r}")
         _check_split(self.forcing_split)
         if not self.max_rotation > 0:
             raise ValueError(f"max_rotation must be > 0 rad (inf disables the check); got {self.max_rotation}")
@@ -232,7 +238,7 @@ class MidpointVI(AbstractStepper):
         _check_input_batch(u, state.q.shape[:-1], "u")
         _check_input_batch(rho, state.q.shape[:-1], "rho")
         rtol, atol = _default_tol(dtype, self.rtol, self.atol)
-        options = (rtol, atol, int(self.max_iterations), self.forcing_split, self.max_rotation)
+        options = (rtol, atol, int(self.max_iterations), self.forcing_split, self.max_rotation, self.linear_solver)
         batch = state.time.shape
         dt = jnp.asarray(dt, dtype)
         if not batch:
@@ -264,7 +270,10 @@ class MidpointVI(AbstractStepper):
 
     def packed(self, model) -> PackedStep | None:
         """The free-body structure-of-arrays step (:mod:`rigidjax.variational.packed`) where
-        ``model`` is a free :func:`rigidjax.systems.rigid_body`, else ``None``."""
+        ``model`` is a free :func:`rigidjax.systems.rigid_body` and the linear solver the
+        default elimination, else ``None``."""
+        if self.linear_solver != "elimination":
+            return None
         return free_body_packed_step(
             model,
             rtol=self.rtol,
