@@ -155,7 +155,11 @@ def midpoint_step_lu(body, state, wrench, dt, *, attitude="new", max_rotation=0.
     w_att = w1 if attitude == "new" else 0.5 * (w + w1)
     q1 = so3.normalize(so3.multiply(state.orientation, so3.exp(dt[..., None] * w_att)))
     x1 = state.position + dt[..., None] * v1
-    new = eqx.tree_at(lambda s: (s.time, s.position, s.orientation, s.velocity, s.angular_velocity), state, (state.time + dt, x1, q1, v1, w1))
+    new = eqx.tree_at(
+        lambda s: (s.time, s.position, s.orientation, s.velocity, s.angular_velocity),
+        state,
+        (state.time + dt, x1, q1, v1, w1),
+    )
     finite = jnp.all(jnp.isfinite(V1), -1) & jnp.all(jnp.isfinite(q1), -1) & jnp.all(jnp.isfinite(x1), -1)
     new = where_tree(finite, new, state)
     rot = jnp.maximum(so3.safe_norm(w), so3.safe_norm(w1)) * dt
@@ -231,5 +235,7 @@ def subprocess_json(code: str, timeout: float, env: dict | None = None) -> dict:
         return {"error": f"timeout after {timeout:.0f} s"}
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT")]
     if p.returncode != 0 or not lines:
-        return {"error": f"exit {p.returncode}: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else 'no output'}"}
+        return {
+            "error": f"exit {p.returncode}: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else 'no output'}"
+        }
     return json.loads(lines[-1][len("RESULT") :])

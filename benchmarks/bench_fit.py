@@ -98,12 +98,16 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=None, help="folder of phyphox exports (default: the shared racquet flips)")
     ap.add_argument(
-        "--baseline-segments", type=int, default=8,
+        "--baseline-segments",
+        type=int,
+        default=8,
         help="fit N evenly spaced windows with SciPy and extrapolate to all (default 8; 0 = all)",
     )
     ap.add_argument("--starts", type=int, default=4)
     ap.add_argument("--commands", action="store_true", help="also time `rigidjax fit` on all flips and on each round")
-    ap.add_argument("--search", type=int, default=0, metavar="N", help="dense multi-start check with N starts per window")
+    ap.add_argument(
+        "--search", type=int, default=0, metavar="N", help="dense multi-start check with N starts per window"
+    )
     ap.add_argument("--quick", action="store_true", help="12 evenly spaced flips, 2 baseline windows")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_fit.json"))
     args = ap.parse_args(argv)
@@ -141,10 +145,18 @@ def main(argv=None) -> int:
                 fit = fit_inertia(segs, starts=args.starts, **kw)
             times.append((time.perf_counter() - t0, _cpu() - c0))
         rows[f"rigidjax {label}"] = {
-            "cold_s": times[0][0], "warm_s": times[1][0], "cold_cpu_s": times[0][1], "warm_cpu_s": times[1][1],
-            "Ix/Iy": fit.estimates.get("Ix/Iy"), "Iz/Iy": fit.estimates.get("Iz/Iy"),
-            "interval_Ix/Iy": fit.intervals.get("Ix/Iy"), "rms": fit.rms, "status": fit.status.value,
-            "message": fit.message, "windows": len(segs), "pooled": fit.combined.get("n"),
+            "cold_s": times[0][0],
+            "warm_s": times[1][0],
+            "cold_cpu_s": times[0][1],
+            "warm_cpu_s": times[1][1],
+            "Ix/Iy": fit.estimates.get("Ix/Iy"),
+            "Iz/Iy": fit.estimates.get("Iz/Iy"),
+            "interval_Ix/Iy": fit.intervals.get("Ix/Iy"),
+            "rms": fit.rms,
+            "status": fit.status.value,
+            "message": fit.message,
+            "windows": len(segs),
+            "pooled": fit.combined.get("n"),
         }
         if label == "per-window":
             ours = fit
@@ -163,27 +175,48 @@ def main(argv=None) -> int:
     base = np.array(base)
     ok = base[:, 4].astype(bool)
     # rigidjax's estimate re-simulated by DOP853 (rms_reference): the same exact-ODE objective SciPy minimises
-    ours_sub = np.array([[ours.segments[i]["estimates"].get("Ix/Iy", np.nan), ours.segments[i].get("rms_reference") or np.nan] for i in pick])
+    ours_sub = np.array(
+        [
+            [ours.segments[i]["estimates"].get("Ix/Iy", np.nan), ours.segments[i].get("rms_reference") or np.nan]
+            for i in pick
+        ]
+    )
     scale = len(segs) / n_base
     rows["scipy least_squares + solve_ivp"] = {
-        "cold_s": t_base * scale, "warm_s": t_base * scale, "cold_cpu_s": c_base * scale, "warm_cpu_s": c_base * scale,
-        "windows": n_base, "extrapolated_to": len(segs),
-        "Ix/Iy": float(np.median(base[ok, 0])) if ok.any() else None, "Iz/Iy": float(np.median(base[ok, 1])) if ok.any() else None,
-        "rms": float(np.sqrt(np.mean(base[:, 2] ** 2))), "status": f"{int(ok.sum())} of {n_base} succeeded",
+        "cold_s": t_base * scale,
+        "warm_s": t_base * scale,
+        "cold_cpu_s": c_base * scale,
+        "warm_cpu_s": c_base * scale,
+        "windows": n_base,
+        "extrapolated_to": len(segs),
+        "Ix/Iy": float(np.median(base[ok, 0])) if ok.any() else None,
+        "Iz/Iy": float(np.median(base[ok, 1])) if ok.any() else None,
+        "rms": float(np.sqrt(np.mean(base[:, 2] ** 2))),
+        "status": f"{int(ok.sum())} of {n_base} succeeded",
         "rigidjax_rms_same_windows": float(np.sqrt(np.nanmean(ours_sub[:, 1] ** 2))),
         "scipy_rms_over_rigidjax_same_windows": [float(b / a) for a, b in zip(ours_sub[:, 1], base[:, 2])],
     }
     pw = rows["rigidjax per-window"]
     summary = {
-        "windows": len(segs), "samples": n_samples, "baseline_windows": n_base,
+        "windows": len(segs),
+        "samples": n_samples,
+        "baseline_windows": n_base,
         "cpu_ratio_cold": rows["scipy least_squares + solve_ivp"]["cold_cpu_s"] / pw["cold_cpu_s"],
         "cpu_ratio_warm": rows["scipy least_squares + solve_ivp"]["cold_cpu_s"] / pw["warm_cpu_s"],
         # SciPy's fit of the same window (one start), against rigidjax's estimate, both under an exact ODE solver
-        "scipy_cost_excess_median": float(np.median(np.array(rows["scipy least_squares + solve_ivp"]["scipy_rms_over_rigidjax_same_windows"]) ** 2 - 1)),
-        "scipy_cost_excess_max": float(np.max(np.array(rows["scipy least_squares + solve_ivp"]["scipy_rms_over_rigidjax_same_windows"]) ** 2 - 1)),
+        "scipy_cost_excess_median": float(
+            np.median(
+                np.array(rows["scipy least_squares + solve_ivp"]["scipy_rms_over_rigidjax_same_windows"]) ** 2 - 1
+            )
+        ),
+        "scipy_cost_excess_max": float(
+            np.max(np.array(rows["scipy least_squares + solve_ivp"]["scipy_rms_over_rigidjax_same_windows"]) ** 2 - 1)
+        ),
     }
     print()
-    print(f"{'method':<34} {'wall (s) cold/warm':>19} {'CPU (s) cold/warm':>19} {'Ix/Iy':>8} {'Iz/Iy':>8} {'RMS':>7}  status")
+    print(
+        f"{'method':<34} {'wall (s) cold/warm':>19} {'CPU (s) cold/warm':>19} {'Ix/Iy':>8} {'Iz/Iy':>8} {'RMS':>7}  status"
+    )
     for k, r in rows.items():
         w = f"{r['cold_s']:.1f} / {r['warm_s']:.1f}"
         c = f"{r['cold_cpu_s']:.1f} / {r['warm_cpu_s']:.1f}"
@@ -197,24 +230,37 @@ def main(argv=None) -> int:
         f"{100 * summary['scipy_cost_excess_median']:+.2f} % (median; largest {100 * summary['scipy_cost_excess_max']:+.1f} %) against "
         "rigidjax's (the midpoint model's own minimum: the difference is its step error, held below 0.3 standard errors)."
     )
-    out = {"rows": rows, "summary": summary, "data": str(data), "jax": jax.__version__, "quick": args.quick,
-           "when": stamp, "machine": machine}
+    out = {
+        "rows": rows,
+        "summary": summary,
+        "data": str(data),
+        "jax": jax.__version__,
+        "quick": args.quick,
+        "when": stamp,
+        "machine": machine,
+    }
     if args.commands:
         paths = [data] + sorted(p for p in data.iterdir() if p.is_dir())
         cmds = [_command(p) for p in paths]
         print("\n`rigidjax fit PATH --quiet` (subprocess: import, compilation, fit):")
         print(f"{'path':<40} {'wall (s)':>9} {'CPU (s)':>8} {'exit':>5}  status")
         for c_ in cmds:
-            print(f"{Path(c_['path']).name:<40} {c_['wall_s']:>9.1f} {c_['cpu_s']:>8.1f} {c_['exit']:>5}  {c_['status']}")
+            print(
+                f"{Path(c_['path']).name:<40} {c_['wall_s']:>9.1f} {c_['cpu_s']:>8.1f} {c_['exit']:>5}  {c_['status']}"
+            )
         out["commands"] = cmds
     if args.search:
         t0 = time.perf_counter()
         res = multistart_check(ours, starts=args.search)
         worst = max(res, key=lambda r: r["excess"])
         out["search"] = {
-            "starts_per_window": res[0]["n_starts"], "windows": len(res), "max_excess": worst["excess"],
-            "worst": worst, "within_0.5%": int(sum(r["excess"] <= 0.005 for r in res)),
-            "min_hits": int(min(r["hits"] for r in res)), "seconds": time.perf_counter() - t0,
+            "starts_per_window": res[0]["n_starts"],
+            "windows": len(res),
+            "max_excess": worst["excess"],
+            "worst": worst,
+            "within_0.5%": int(sum(r["excess"] <= 0.005 for r in res)),
+            "min_hits": int(min(r["hits"] for r in res)),
+            "seconds": time.perf_counter() - t0,
         }
         print(
             f"\ndense multi-start ({res[0]['n_starts']} starts per window, {out['search']['seconds']:.0f} s): "

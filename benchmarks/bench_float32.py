@@ -43,7 +43,9 @@ def run(stepper, inertia, omega0, dtype, n, dt):
         q = np.asarray(ep.output(model, tr.states, "CoordinatesTotal"), dtype=float)[:, 0, 3:]  # raw Euler parameters
         w = np.asarray(ep.output(model, tr.states, "AngularVelocityLocal"), dtype=float)[:, 0]
         qu = q / np.linalg.norm(q, axis=-1, keepdims=True)
-        states = rj.RigidBodyState(orientation=jnp.asarray(qu, jnp.float64), angular_velocity=jnp.asarray(w, jnp.float64))
+        states = rj.RigidBodyState(
+            orientation=jnp.asarray(qu, jnp.float64), angular_velocity=jnp.asarray(w, jnp.float64)
+        )
         qnorm_err = float(np.max(np.abs(np.linalg.norm(q, axis=-1) - 1)))
     else:
         from rigidjax.variational import vi_step
@@ -58,7 +60,11 @@ def run(stepper, inertia, omega0, dtype, n, dt):
     if stepper == "midpoint":
         qnorm_err = float(np.max(np.abs(np.linalg.norm(np.asarray(states.orientation, dtype=float), axis=-1) - 1)))
     b64 = rj.RigidBody(1.0, np.asarray(inertia, float))
-    s64 = rj.RigidBodyState(orientation=np.asarray(states.orientation, float) / np.linalg.norm(np.asarray(states.orientation, float), axis=-1, keepdims=True), angular_velocity=w)
+    s64 = rj.RigidBodyState(
+        orientation=np.asarray(states.orientation, float)
+        / np.linalg.norm(np.asarray(states.orientation, float), axis=-1, keepdims=True),
+        angular_velocity=w,
+    )
     E = np.asarray(rj.kinetic_energy(b64, s64))
     L = np.linalg.norm(np.asarray(rj.angular_momentum(b64, s64)), axis=-1)
     return w, E, L, qnorm_err, bool(np.all(np.asarray(tr.info.converged)))
@@ -86,7 +92,16 @@ def main(argv=None):
                     try:
                         w, E, L, qn, ok = run(stepper, inertia, omega0, dtype, n, dt)
                     except Exception as e:
-                        rows.append({"case": case, "steps": n, "stepper": stepper, "dtype": jnp.dtype(dtype).name, "omega_err_max": float("nan"), "note": f"{type(e).__name__}: {e}"[:120]})
+                        rows.append(
+                            {
+                                "case": case,
+                                "steps": n,
+                                "stepper": stepper,
+                                "dtype": jnp.dtype(dtype).name,
+                                "omega_err_max": float("nan"),
+                                "note": f"{type(e).__name__}: {e}"[:120],
+                            }
+                        )
                         continue
                     rows.append(
                         {
@@ -108,7 +123,19 @@ def main(argv=None):
     print("wrote", write_json("bench_float32", {"machine": machine(), "rows": rows, "dt": dt}))
 
 
-COLS = ["case", "steps", "stepper", "dtype", "omega_err_max", "omega_err_end", "energy_drift", "L_drift", "quat_norm_err", "converged", "note"]
+COLS = [
+    "case",
+    "steps",
+    "stepper",
+    "dtype",
+    "omega_err_max",
+    "omega_err_end",
+    "energy_drift",
+    "L_drift",
+    "quat_norm_err",
+    "converged",
+    "note",
+]
 
 if __name__ == "__main__":
     main()

@@ -45,13 +45,20 @@ def _loss_fn(stepper, n, k, members=None, adjoint=None):
             m = rj.RigidBody(body0.mass, inertia)
             N_ = omega0.shape[:-1]
             s = rj.RigidBodyState(
-                angular_velocity=omega0, position=jnp.zeros((*N_, 3)), velocity=jnp.zeros((*N_, 3)),
-                orientation=jnp.broadcast_to(jnp.array([1.0, 0, 0, 0]), (*N_, 4)) + 0.0, time=jnp.zeros(N_),
+                angular_velocity=omega0,
+                position=jnp.zeros((*N_, 3)),
+                velocity=jnp.zeros((*N_, 3)),
+                orientation=jnp.broadcast_to(jnp.array([1.0, 0, 0, 0]), (*N_, 4)) + 0.0,
+                time=jnp.zeros(N_),
             )
         else:  # the model/state types of the other steppers: perturb omega0 only
             m, s = model, s0
         tr = rj.rollout(step, m, s, DT, n, checkpoint_every=k, adjoint=adjoint)
-        leaves = [a for a in (getattr(tr.states, "angular_velocity", None), getattr(tr.states, "orientation", None)) if a is not None]
+        leaves = [
+            a
+            for a in (getattr(tr.states, "angular_velocity", None), getattr(tr.states, "orientation", None))
+            if a is not None
+        ]
         if not leaves:
             leaves = [tr.states.q if hasattr(tr.states, "q") else tr.states.coordinates]
         return sum(jnp.sum(a**2) for a in leaves) + 0.0 * jnp.sum(omega0) + 0.0 * jnp.sum(inertia)
@@ -71,23 +78,35 @@ def main(argv=None):
     w0 = jnp.array([0.01, 2.0, 0.0])
     cost = []
     for stepper in args.steppers.split(","):
-      for N in (1, 256):
-        n = 1000
-        variants = [(None, None), (32, None)] + ([(None, "discrete")] if stepper.startswith("midpoint") else [])
-        for k, adjoint in variants:
-            loss, I0 = _loss_fn(stepper, n, k, None if N == 1 else N, adjoint)
-            w = w0 if N == 1 else jnp.broadcast_to(w0, (N, 3)) + 0.0
-            _, t_f, _, _ = timed(jax.jit(loss), I0, w)
-            _, t_g, _, _ = timed(jax.jit(jax.grad(loss, argnums=(0, 1))), I0, w)
-            row = {"stepper": stepper, "N": N, "n_steps": n, "checkpoint_every": k or "-", "adjoint": adjoint or "autodiff",
-                   "forward_s": t_f, "grad_s": t_g, "grad/forward": t_g / t_f}
-            cost.append(row)
-            print(table([row], COST_COLS).splitlines()[-1], flush=True)
+        for N in (1, 256):
+            n = 1000
+            variants = [(None, None), (32, None)] + ([(None, "discrete")] if stepper.startswith("midpoint") else [])
+            for k, adjoint in variants:
+                loss, I0 = _loss_fn(stepper, n, k, None if N == 1 else N, adjoint)
+                w = w0 if N == 1 else jnp.broadcast_to(w0, (N, 3)) + 0.0
+                _, t_f, _, _ = timed(jax.jit(loss), I0, w)
+                _, t_g, _, _ = timed(jax.jit(jax.grad(loss, argnums=(0, 1))), I0, w)
+                row = {
+                    "stepper": stepper,
+                    "N": N,
+                    "n_steps": n,
+                    "checkpoint_every": k or "-",
+                    "adjoint": adjoint or "autodiff",
+                    "forward_s": t_f,
+                    "grad_s": t_g,
+                    "grad/forward": t_g / t_f,
+                }
+                cost.append(row)
+                print(table([row], COST_COLS).splitlines()[-1], flush=True)
     mem = []
     lengths = [100, 1000] if args.quick else [100, 1000, 10000, 100000]
     for n in lengths:
         row = {"n_steps": n}
-        for label, k, adjoint in (("plain", None, None), ("checkpointed", max(1, round(math.sqrt(n))), None), ("discrete", None, "discrete")):
+        for label, k, adjoint in (
+            ("plain", None, None),
+            ("checkpointed", max(1, round(math.sqrt(n))), None),
+            ("discrete", None, "discrete"),
+        ):
             loss, I0 = _loss_fn("midpoint", n, k, adjoint=adjoint)
             ma = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(I0, w0).compile().memory_analysis()
             row[f"{label}_temp_MB"] = ma.temp_size_in_bytes / 2**20 if ma is not None else float("nan")

@@ -64,7 +64,14 @@ def main(argv=None):
             if "error" in r:
                 row["outcome"] = r["error"]
             else:
-                row.update(outcome="finished", first_call_s=r["first_s"], run_s=r["run_s"], body_steps_per_s=N * n / r["run_s"], energy_drift=r["drift"], converged=r["converged"])
+                row.update(
+                    outcome="finished",
+                    first_call_s=r["first_s"],
+                    run_s=r["run_s"],
+                    body_steps_per_s=N * n / r["run_s"],
+                    energy_drift=r["drift"],
+                    converged=r["converged"],
+                )
             rows.append(row)
             print(table([row], COLS).splitlines()[-1], flush=True)
     print()
@@ -73,7 +80,18 @@ def main(argv=None):
 
 
 STEPPERS = {"midpoint": "midpoint", "midpoint-lu": "midpoint-lu", "ep": "euler-parameters", "vi": "variational"}
-COLS = ["stepper", "dtype", "N", "steps", "outcome", "first_call_s", "run_s", "body_steps_per_s", "energy_drift", "converged"]
+COLS = [
+    "stepper",
+    "dtype",
+    "N",
+    "steps",
+    "outcome",
+    "first_call_s",
+    "run_s",
+    "body_steps_per_s",
+    "energy_drift",
+    "converged",
+]
 
 if __name__ == "__main__":
     main()

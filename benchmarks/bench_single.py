@@ -42,7 +42,16 @@ def main(argv=None):
             f = jax.jit(lambda s, step=step, model=model, m=m: rj.rollout(step, model, s, DT, m))
             first, best, cpu, tr = timed(f, s0)
             E = np.asarray(energy(model, tr.states), dtype=float)
-            rows.append({"code": f"rigidjax {stepper} (jit scan)", "dtype": jnp.dtype(dtype).name, "steps": m, "steps_per_s": m / best, "compile_s": first - best, "energy_drift": float(np.max(np.abs(E / E[0] - 1)))})
+            rows.append(
+                {
+                    "code": f"rigidjax {stepper} (jit scan)",
+                    "dtype": jnp.dtype(dtype).name,
+                    "steps": m,
+                    "steps_per_s": m / best,
+                    "compile_s": first - best,
+                    "energy_drift": float(np.max(np.abs(E / E[0] - 1))),
+                }
+            )
             print(table([rows[-1]], COLS).splitlines()[-1], flush=True)
     notes = []
     if have("mujoco"):
@@ -58,7 +67,16 @@ def main(argv=None):
         I = np.array([1.0, 2.0, 3.0])
         E0 = 0.5 * np.sum(I * np.asarray(OMEGA0) ** 2)
         drift = abs(0.5 * np.sum(I * data.qvel[3:] ** 2) / E0 - 1)
-        rows.append({"code": f"MuJoCo {mujoco.__version__} mj_step (Python loop)", "dtype": "float64", "steps": n, "steps_per_s": n / w, "compile_s": 0.0, "energy_drift": float(drift)})
+        rows.append(
+            {
+                "code": f"MuJoCo {mujoco.__version__} mj_step (Python loop)",
+                "dtype": "float64",
+                "steps": n,
+                "steps_per_s": n / w,
+                "compile_s": 0.0,
+                "energy_drift": float(drift),
+            }
+        )
         print(table([rows[-1]], COLS).splitlines()[-1], flush=True)
         try:
             from mujoco import rollout as mj_rollout
@@ -74,7 +92,16 @@ def main(argv=None):
                 best = min(best, time.perf_counter() - t)
             qvel = st[0, -1, 1 + model.nq : 1 + model.nq + model.nv]
             drift = abs(0.5 * np.sum(I * qvel[3:] ** 2) / E0 - 1)
-            rows.append({"code": f"MuJoCo {mujoco.__version__} rollout (C loop)", "dtype": "float64", "steps": n, "steps_per_s": n / best, "compile_s": 0.0, "energy_drift": float(drift)})
+            rows.append(
+                {
+                    "code": f"MuJoCo {mujoco.__version__} rollout (C loop)",
+                    "dtype": "float64",
+                    "steps": n,
+                    "steps_per_s": n / best,
+                    "compile_s": 0.0,
+                    "energy_drift": float(drift),
+                }
+            )
             print(table([rows[-1]], COLS).splitlines()[-1], flush=True)
         except Exception as e:  # older/newer mujoco without rollout
             notes.append(f"mujoco.rollout unavailable: {type(e).__name__}: {e}"[:200])
@@ -82,7 +109,16 @@ def main(argv=None):
         notes.append("MuJoCo not installed (pip install 'rigidjax[bench]'): skipped")
     if have("exudyn"):
         r = bench_exudyn(1, args.quick)
-        rows.append({"code": r["code"], "dtype": "float64", "steps": r["steps"], "steps_per_s": r["body_steps_per_s"], "compile_s": 0.0, "energy_drift": r["energy_drift"]})
+        rows.append(
+            {
+                "code": r["code"],
+                "dtype": "float64",
+                "steps": r["steps"],
+                "steps_per_s": r["body_steps_per_s"],
+                "compile_s": 0.0,
+                "energy_drift": r["energy_drift"],
+            }
+        )
         print(table([rows[-1]], COLS).splitlines()[-1], flush=True)
     else:
         notes.append("Exudyn not installed (pip install 'rigidjax[bench]'): skipped")

@@ -45,8 +45,12 @@ FULL_SIZES = [1, 16, 256, 1024, 4096, 16384]
 QUICK_SIZES = [1, 64, 1024]
 # body-steps per measurement (n_steps = work / N, clipped): ~1 s of the slowest stepper
 WORK = {
-    "midpoint": 8_000_000, "midpoint-final": 20_000_000, "midpoint-lu": 1_000_000,
-    "euler-parameters": 1_000_000, "euler-parameters-final": 1_000_000, "variational": 1_000_000,
+    "midpoint": 8_000_000,
+    "midpoint-final": 20_000_000,
+    "midpoint-lu": 1_000_000,
+    "euler-parameters": 1_000_000,
+    "euler-parameters-final": 1_000_000,
+    "variational": 1_000_000,
     "variational-final": 1_000_000,
 }
 MIN_STEPS, MAX_STEPS = 10, 2000
@@ -116,7 +120,9 @@ def _bench_mjx(N: int, quick: bool, dtype_name: str, chunk: int) -> dict:
     mx = mjx.put_model(m)
     dx = mjx.put_data(m, d)
     n = n_steps_for("midpoint-lu", N, quick)
-    batch = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (N, *jnp.shape(a))) + 0 if hasattr(a, "shape") else a, dx)
+    batch = jax.tree_util.tree_map(
+        lambda a: jnp.broadcast_to(a, (N, *jnp.shape(a))) + 0 if hasattr(a, "shape") else a, dx
+    )
     vstep = jax.vmap(mjx.step, in_axes=(None, 0))
     k = N // chunk if chunk and N > chunk and N % chunk == 0 else 1
     tmap = jax.tree_util.tree_map
@@ -162,7 +168,12 @@ def _isolated_mjx(N: int, quick: bool, dtype_name: str, timeout: float, chunk: i
     )
     r = subprocess_json(code, timeout)
     if "error" in r:
-        return {"code": "MuJoCo MJX", "dtype": dtype_name, "N": N, "error": ("hung (deadlock), killed: " if "timeout" in r["error"] else "") + r["error"]}
+        return {
+            "code": "MuJoCo MJX",
+            "dtype": dtype_name,
+            "N": N,
+            "error": ("hung (deadlock), killed: " if "timeout" in r["error"] else "") + r["error"],
+        }
     return r
 
 
@@ -175,7 +186,9 @@ def bench_exudyn(N: int, quick: bool) -> dict:
     mbs = SC.AddSystem()
     inertia = eu.RigidBodyInertia(mass=1.0, inertiaTensor=np.diag(INERTIA))
     bodies = [
-        mbs.CreateRigidBody(inertia=inertia, referencePosition=[3.0 * i, 0, 0], initialAngularVelocity=list(OMEGA0), gravity=[0, 0, 0])
+        mbs.CreateRigidBody(
+            inertia=inertia, referencePosition=[3.0 * i, 0, 0], initialAngularVelocity=list(OMEGA0), gravity=[0, 0, 0]
+        )
         for i in range(N)
     ]
     mbs.Assemble()
@@ -224,15 +237,24 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-peers", action="store_true", help="skip MuJoCo MJX and Exudyn")
     ap.add_argument("--no-mjx", action="store_true", help="skip MuJoCo MJX only")
     ap.add_argument(
-        "--mjx-chunk", type=int, default=MJX_CHUNK,
+        "--mjx-chunk",
+        type=int,
+        default=MJX_CHUNK,
         help="MJX ensembles larger than this run as a lax.map over vmaps of this size (one vmap of "
         "N >= 4096 deadlocks on 2 cores); 0: one vmap of all N, to reproduce the deadlock",
     )
     ap.add_argument("--mjx-dtypes", default="float32", help="MJX precisions to run (MJX's default is float32)")
     ap.add_argument("--max-n-newton", type=int, default=16384, help="largest N for the Newton-based steppers")
-    ap.add_argument("--peer-timeout", type=float, default=240.0, help="MJX runs in a subprocess killed after this many seconds (it deadlocks at N >= 4096 on 2 cores)")
     ap.add_argument(
-        "--host-devices", type=int, default=None,
+        "--peer-timeout",
+        type=float,
+        default=240.0,
+        help="MJX runs in a subprocess killed after this many seconds (it deadlocks at N >= 4096 on 2 cores)",
+    )
+    ap.add_argument(
+        "--host-devices",
+        type=int,
+        default=None,
         help="split the CPU into this many JAX devices (XLA_FLAGS=--xla_force_host_platform_device_count); "
         "the '-ensemble' rows shard over them",
     )
@@ -242,7 +264,9 @@ def main(argv=None) -> dict:
 
         if "jax" in sys.modules:
             ap.error("--host-devices must be set before JAX is imported: run python -m benchmarks.bench_throughput")
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.host_devices}").strip()
+        os.environ["XLA_FLAGS"] = (
+            os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.host_devices}"
+        ).strip()
 
     import jax
 
@@ -252,18 +276,36 @@ def main(argv=None) -> dict:
     for stepper in args.steppers.split(","):
         for dt_name in args.dtypes.split(","):
             for N in sizes:
-                if stepper.removesuffix("-ensemble").removesuffix("-traced").removesuffix("-final") in ("euler-parameters", "variational") and N > args.max_n_newton:
+                if (
+                    stepper.removesuffix("-ensemble").removesuffix("-traced").removesuffix("-final")
+                    in ("euler-parameters", "variational")
+                    and N > args.max_n_newton
+                ):
                     continue
                 try:
                     r = bench_rigidjax(stepper, N, dt_name, args.quick)
                 except Exception as e:  # report, keep going
-                    r = {"code": f"rigidjax {stepper}", "dtype": dt_name, "N": N, "error": f"{type(e).__name__}: {e}"[:200]}
+                    r = {
+                        "code": f"rigidjax {stepper}",
+                        "dtype": dt_name,
+                        "N": N,
+                        "error": f"{type(e).__name__}: {e}"[:200],
+                    }
                 rows.append(r)
                 print(table([r], COLS).splitlines()[-1], flush=True)
     if not args.no_peers:
-        peers = [] if args.no_mjx else [
-            ("MuJoCo MJX", "mujoco.mjx", lambda N, q, d=d: _isolated_mjx(N, q, d, args.peer_timeout, args.mjx_chunk)) for d in args.mjx_dtypes.split(",")
-        ]
+        peers = (
+            []
+            if args.no_mjx
+            else [
+                (
+                    "MuJoCo MJX",
+                    "mujoco.mjx",
+                    lambda N, q, d=d: _isolated_mjx(N, q, d, args.peer_timeout, args.mjx_chunk),
+                )
+                for d in args.mjx_dtypes.split(",")
+            ]
+        )
         peers.append(("Exudyn", "exudyn", bench_exudyn))
         for name, mod, fn in peers:
             if not have(mod):
@@ -282,8 +324,14 @@ def main(argv=None) -> dict:
     ratios = []
     for N in sizes:
         get = lambda code, dt=None: next(  # noqa: E731
-            (r["body_steps_per_s"] for r in rows if r.get("N") == N and (r.get("code") == code or (code in ("MuJoCo MJX", "Exudyn") and r.get("code", "").startswith(code)))
-             and "error" not in r and (dt is None or r.get("dtype") == dt)),
+            (
+                r["body_steps_per_s"]
+                for r in rows
+                if r.get("N") == N
+                and (r.get("code") == code or (code in ("MuJoCo MJX", "Exudyn") and r.get("code", "").startswith(code)))
+                and "error" not in r
+                and (dt is None or r.get("dtype") == dt)
+            ),
             None,
         )
         mjx_, exu_ = get("MuJoCo MJX", "float32"), get("Exudyn")
@@ -307,9 +355,13 @@ def main(argv=None) -> dict:
                 "EP-final-traced f64 / Exudyn": ratio(get("rigidjax euler-parameters-final-traced", "float64"), exu_),
                 "VI-final-traced f64 / Exudyn": ratio(get("rigidjax variational-final-traced", "float64"), exu_),
                 "midpoint / midpoint-lu (f64)": ratio(mid64, lu64),
-                "midpoint-final-ensemble f64 / MJX f32": ratio(get("rigidjax midpoint-final-ensemble", "float64"), mjx_),
+                "midpoint-final-ensemble f64 / MJX f32": ratio(
+                    get("rigidjax midpoint-final-ensemble", "float64"), mjx_
+                ),
                 "midpoint-final-ensemble f64 / Exudyn": ratio(get("rigidjax midpoint-final-ensemble", "float64"), exu_),
-                "EP-final-ensemble f64 / Exudyn": ratio(get("rigidjax euler-parameters-final-ensemble", "float64"), exu_),
+                "EP-final-ensemble f64 / Exudyn": ratio(
+                    get("rigidjax euler-parameters-final-ensemble", "float64"), exu_
+                ),
                 "VI-final-ensemble f64 / Exudyn": ratio(get("rigidjax variational-final-ensemble", "float64"), exu_),
             }
         )
@@ -323,12 +375,30 @@ def main(argv=None) -> dict:
         print(table(ratios, list(ratios[0].keys())))
     for n_ in notes:
         print("note:", n_)
-    payload = {"machine": machine(), "host_devices": args.host_devices, "rows": rows, "ratios": ratios, "notes": notes, "quick": args.quick}
+    payload = {
+        "machine": machine(),
+        "host_devices": args.host_devices,
+        "rows": rows,
+        "ratios": ratios,
+        "notes": notes,
+        "quick": args.quick,
+    }
     print("wrote", write_json("bench_throughput", payload))
     return payload
 
 
-COLS = ["code", "dtype", "N", "steps", "body_steps_per_s", "body_steps_per_cpu_s", "compile_s", "energy_drift", "all_converged", "error"]
+COLS = [
+    "code",
+    "dtype",
+    "N",
+    "steps",
+    "body_steps_per_s",
+    "body_steps_per_cpu_s",
+    "compile_s",
+    "energy_drift",
+    "all_converged",
+    "error",
+]
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,6 @@
 """Render the latest ``benchmarks/results/*.json`` as the markdown tables of ``benchmarks/README.md``.
 
-    python -m benchmarks.report
+python -m benchmarks.report
 """
 
 from __future__ import annotations
@@ -20,9 +20,27 @@ def main():
     thr = _load("bench_throughput")
     if thr:
         m = thr["machine"]
-        out.append(f"Machine: {m['nproc']} cores ({m['cpu']}), jax {m['jax']}, load average {m['load_avg_1_5_15']} at {m['time_utc']} UTC\n")
+        out.append(
+            f"Machine: {m['nproc']} cores ({m['cpu']}), jax {m['jax']}, load average {m['load_avg_1_5_15']} at {m['time_utc']} UTC\n"
+        )
         out.append("### Ensemble throughput (body-steps/s, wall clock, best of 3)\n")
-        out.append(table(thr["rows"], ["code", "dtype", "N", "steps", "body_steps_per_s", "body_steps_per_cpu_s", "compile_s", "energy_drift", "all_converged", "error"]))
+        out.append(
+            table(
+                thr["rows"],
+                [
+                    "code",
+                    "dtype",
+                    "N",
+                    "steps",
+                    "body_steps_per_s",
+                    "body_steps_per_cpu_s",
+                    "compile_s",
+                    "energy_drift",
+                    "all_converged",
+                    "error",
+                ],
+            )
+        )
         out.append("\n" + table(thr["ratios"], list(thr["ratios"][0].keys())))
         for n in thr.get("notes", []):
             out.append(f"\nNote: {n}")
@@ -43,7 +61,23 @@ def main():
         out.append("\n### Reverse mode through 1000 steps\n")
         out.append(table(g["cost"], list(g["cost"][0].keys())))
         out.append("\n### Memory of the gradient against rollout length (XLA temp buffers, MB)\n")
-        out.append(table(g["memory"], [c for c in ["n_steps", "forward_temp_MB", "plain_temp_MB", "k", "checkpointed_temp_MB", "discrete_temp_MB"] if c in g["memory"][0]]))
+        out.append(
+            table(
+                g["memory"],
+                [
+                    c
+                    for c in [
+                        "n_steps",
+                        "forward_temp_MB",
+                        "plain_temp_MB",
+                        "k",
+                        "checkpointed_temp_MB",
+                        "discrete_temp_MB",
+                    ]
+                    if c in g["memory"][0]
+                ],
+            )
+        )
     print("\n".join(out))
 
 

@@ -27,8 +27,21 @@ from .info import Status, StepFailure, StepInfo, check
 from .midpoint import Midpoint, gyroscopic_jacobian, gyroscopic_term, midpoint_step
 from .rollout import Trajectory, rollout
 from . import (
-    euler_parameters, identify, inertia, io, linalg, lqr, midpoint, newton, numerics, reference, scenarios, stepper,
-    synthetic, systems, variational,
+    euler_parameters,
+    identify,
+    inertia,
+    io,
+    linalg,
+    lqr,
+    midpoint,
+    newton,
+    numerics,
+    reference,
+    scenarios,
+    stepper,
+    synthetic,
+    systems,
+    variational,
 )
 from .stepper import AbstractStepper
 from .ensemble import ensemble_rollout

@@ -74,9 +74,7 @@ def check_inertia(inertia, name: str = "inertia", rtol: float = 1e-9) -> None:
         )
     moments = np.linalg.eigvalsh(0.5 * (J + np.swapaxes(J, -1, -2)))
     if np.any(moments <= 0):
-        raise ValueError(
-            f"{name} must be positive definite; principal moments are {moments.tolist()} kg m^2"
-        )
+        raise ValueError(f"{name} must be positive definite; principal moments are {moments.tolist()} kg m^2")
     tr = moments.sum(-1, keepdims=True)
     excess = moments - (tr - moments)  # I_k - (I_i + I_j)
     if np.any(excess > rtol * tr):
@@ -244,7 +242,9 @@ class RigidBodyState(eqx.Module):
             try:
                 batch = jnp.broadcast_shapes(batch, time.shape)
             except ValueError:
-                raise ValueError(f"RigidBodyState: time has shape {time.shape}, the other fields batch shape {batch}") from None
+                raise ValueError(
+                    f"RigidBodyState: time has shape {time.shape}, the other fields batch shape {batch}"
+                ) from None
         self.time = jnp.broadcast_to(time, batch)
         self.position = jnp.broadcast_to(position, (*batch, 3))
         self.orientation = jnp.broadcast_to(orientation, (*batch, 4))

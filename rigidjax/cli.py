@@ -33,7 +33,9 @@ def _cmd_simulate(args) -> int:
         return _fail(f"--t-end must be > 0 s; got {args.t_end}")
     n = int(np.ceil(args.t_end / args.dt - 1e-9))
     if n > MAX_STEPS:
-        return _fail(f"--t-end / --dt asks for {n} steps (more than {MAX_STEPS}); choose a larger --dt or a shorter --t-end")
+        return _fail(
+            f"--t-end / --dt asks for {n} steps (more than {MAX_STEPS}); choose a larger --dt or a shorter --t-end"
+        )
     t_end = n * args.dt  # a whole number of steps, reaching at least --t-end
     t, cols, summary = racquet_flip(args.stepper, args.dt, t_end)
     import pandas as pd
@@ -80,7 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rigidjax", description="Differentiable rigid-body dynamics in JAX.")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("simulate", help="simulate a built-in scenario (default: a tennis-racket flip) and write CSV")
-    s.add_argument("--stepper", choices=STEPPERS, default="midpoint", help="midpoint (seed 000), ep (Euler parameters, generalized-alpha, seed 002), vi (variational midpoint, seed 001)")
+    s.add_argument(
+        "--stepper",
+        choices=STEPPERS,
+        default="midpoint",
+        help="midpoint (seed 000), ep (Euler parameters, generalized-alpha, seed 002), vi (variational midpoint, seed 001)",
+    )
     s.add_argument("--dt", type=float, default=0.01, help="time step, s (default 0.01)")
     s.add_argument("--t-end", type=float, default=10.0, help="duration, s (default 10)")
     s.add_argument("--out", default="trajectory.csv", help="CSV output (default trajectory.csv)")

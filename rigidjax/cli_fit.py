@@ -76,37 +76,83 @@ def _error(cmd: str, msg: str) -> int:
 def add_parsers(subparsers) -> None:
     """Add ``fit`` and ``fit-pendulum`` to an ``argparse`` subparsers object."""
     p = subparsers.add_parser(
-        "fit", help="identify inertia (and drag, gyro bias) from gyroscope recordings of free flight",
-        description=DESCRIPTION, epilog=EXIT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "fit",
+        help="identify inertia (and drag, gyro bias) from gyroscope recordings of free flight",
+        description=DESCRIPTION,
+        epilog=EXIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("path", nargs="?", default=None, help="recording(s); omit for the synthetic demo")
-    p.add_argument("--tensor", action="store_true", help="full inertia tensor (principal axes may be rotated from the sensor axes)")
     p.add_argument(
-        "--drag", nargs="?", const="isotropic", default=None, choices=["isotropic", "diagonal"],
+        "--tensor", action="store_true", help="full inertia tensor (principal axes may be rotated from the sensor axes)"
+    )
+    p.add_argument(
+        "--drag",
+        nargs="?",
+        const="isotropic",
+        default=None,
+        choices=["isotropic", "diagonal"],
         help="fit an angular air drag (default isotropic)",
     )
     p.add_argument("--bias", action="store_true", help="fit a constant gyroscope bias (per recording when --joint)")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--per-window", dest="joint", action="store_false", help="fit every window on its own, then combine (default with PATH)")
-    mode.add_argument("--joint", dest="joint", action="store_true", help="one inertia shared by the pooled windows (default for the demo)")
+    mode.add_argument(
+        "--per-window",
+        dest="joint",
+        action="store_false",
+        help="fit every window on its own, then combine (default with PATH)",
+    )
+    mode.add_argument(
+        "--joint",
+        dest="joint",
+        action="store_true",
+        help="one inertia shared by the pooled windows (default for the demo)",
+    )
     p.set_defaults(joint=None)
     p.add_argument("--pool-all", action="store_true", help="pool every recording even when their estimates disagree")
-    p.add_argument("--scale", default=None, metavar="KEY=VALUE", help="a known value fixing the scale, e.g. Iy=1.3911e-3 or trace=0.04 (kg m^2)")
-    p.add_argument("--select", default=None, metavar="TEXT", help="only windows whose comment contains TEXT (case-insensitive)")
-    p.add_argument("--json", default=None, metavar="OUT.json", help="write estimates, uncertainties and per-window results")
+    p.add_argument(
+        "--scale",
+        default=None,
+        metavar="KEY=VALUE",
+        help="a known value fixing the scale, e.g. Iy=1.3911e-3 or trace=0.04 (kg m^2)",
+    )
+    p.add_argument(
+        "--select", default=None, metavar="TEXT", help="only windows whose comment contains TEXT (case-insensitive)"
+    )
+    p.add_argument(
+        "--json", default=None, metavar="OUT.json", help="write estimates, uncertainties and per-window results"
+    )
     p.add_argument("--plot", default=None, metavar="OUT.png", help="draw measured vs fitted omega(t) for --segment")
     p.add_argument("--segment", type=int, default=0, metavar="N", help="window to plot (row number in the table)")
     p.add_argument("--starts", type=int, default=4, metavar="K", help="starts per window (default 4)")
     p.add_argument(
-        "--substeps", default="auto", metavar="K",
+        "--substeps",
+        default="auto",
+        metavar="K",
         help="rollout sub-steps per sample interval: auto (default: per window, so that the step error shifts no "
         "estimate by more than 0.3 standard errors) or a fixed integer",
     )
-    p.add_argument("--max-steps", type=int, default=200, help="Levenberg-Marquardt iterations of the best start, after 12 for every start (default 200)")
-    p.add_argument("--max-duration", type=float, default=None, metavar="S", help="longest window accepted, s (default 10: free flight)")
-    p.add_argument("--max-samples", type=int, default=None, metavar="N", help="most samples per window accepted (default 20000)")
     p.add_argument(
-        "--max-rate", type=float, default=None, metavar="RAD_S",
+        "--max-steps",
+        type=int,
+        default=200,
+        help="Levenberg-Marquardt iterations of the best start, after 12 for every start (default 200)",
+    )
+    p.add_argument(
+        "--max-duration",
+        type=float,
+        default=None,
+        metavar="S",
+        help="longest window accepted, s (default 10: free flight)",
+    )
+    p.add_argument(
+        "--max-samples", type=int, default=None, metavar="N", help="most samples per window accepted (default 20000)"
+    )
+    p.add_argument(
+        "--max-rate",
+        type=float,
+        default=None,
+        metavar="RAD_S",
         help="highest angular speed accepted, rad/s (default 50: beyond a hand throw, most likely deg/s)",
     )
     p.add_argument("--tosses", type=int, default=5, help="synthetic demo: number of tosses (default 5)")
@@ -115,12 +161,22 @@ def add_parsers(subparsers) -> None:
     p.set_defaults(func=run)
 
     q = subparsers.add_parser(
-        "fit-pendulum", help="identify a physical pendulum (period, moment about the pivot, damping) from gyroscope recordings",
-        description=PENDULUM_DESCRIPTION, epilog=PENDULUM_EXIT_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "fit-pendulum",
+        help="identify a physical pendulum (period, moment about the pivot, damping) from gyroscope recordings",
+        description=PENDULUM_DESCRIPTION,
+        epilog=PENDULUM_EXIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     q.add_argument("path", help="recording(s) of a swinging body (phyphox folder(s), CSV, NPZ)")
-    q.add_argument("--axis", choices=["x", "y", "z"], default=None, help="gyroscope axis of the swing (default: detected per window)")
-    q.add_argument("--mass", type=float, default=None, metavar="KG", help="mass, kg (with --pivot-distance: the moments)")
+    q.add_argument(
+        "--axis",
+        choices=["x", "y", "z"],
+        default=None,
+        help="gyroscope axis of the swing (default: detected per window)",
+    )
+    q.add_argument(
+        "--mass", type=float, default=None, metavar="KG", help="mass, kg (with --pivot-distance: the moments)"
+    )
     q.add_argument("--pivot-distance", type=float, default=None, metavar="M", help="pivot to centre of mass, m")
     q.add_argument("--gravity", type=float, default=9.81, metavar="G", help="m/s^2 (default 9.81)")
     q.add_argument("--json", default=None, metavar="OUT.json", help="write the per-window and combined results")
@@ -218,7 +274,6 @@ def run(args) -> int:
 
     jax.config.update("jax_enable_x64", True)  # the command's choice; the library never flips it
 
-
     for name, lo in (("starts", 1), ("max_steps", 1), ("tosses", 1), ("max_samples", 10)):
         if getattr(args, name) is not None and getattr(args, name) < lo:
             return _error("fit", f"--{name.replace('_', '-')} must be >= {lo}; got {getattr(args, name)}")
@@ -283,7 +338,9 @@ def run(args) -> int:
 
         from tqdm.auto import tqdm
 
-        bar = tqdm(desc="fit (LM iterations)", unit="it", disable=True if args.quiet else None, leave=False, file=sys.stderr)
+        bar = tqdm(
+            desc="fit (LM iterations)", unit="it", disable=True if args.quiet else None, leave=False, file=sys.stderr
+        )
 
         def progress(n_active):
             bar.update(1)
@@ -300,9 +357,19 @@ def run(args) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             result = fit_inertia(
-                segs, tensor=tensor, drag=drag, bias=bias, joint=joint, scale=scale, starts=args.starts,
-                substeps=substeps, max_steps=args.max_steps, seed=args.seed, pool="all" if args.pool_all else "consistent",
-                progress=progress, **kw,
+                segs,
+                tensor=tensor,
+                drag=drag,
+                bias=bias,
+                joint=joint,
+                scale=scale,
+                starts=args.starts,
+                substeps=substeps,
+                max_steps=args.max_steps,
+                seed=args.seed,
+                pool="all" if args.pool_all else "consistent",
+                progress=progress,
+                **kw,
             )
         bar.close()
         elapsed = time.perf_counter() - t0
@@ -322,7 +389,12 @@ def run(args) -> int:
             out = result.to_dict()
             out["path"] = str(path)
             out["elapsed_s"] = elapsed
-            code = _write("fit", "--json", args.json, lambda: Path(args.json).write_text(json.dumps(out, indent=2, allow_nan=False)))
+            code = _write(
+                "fit",
+                "--json",
+                args.json,
+                lambda: Path(args.json).write_text(json.dumps(out, indent=2, allow_nan=False)),
+            )
             if code is not None:
                 return code
             print(f"wrote {args.json}")
@@ -332,7 +404,10 @@ def run(args) -> int:
                 return code
             print(f"wrote {args.plot} (window {args.segment})")
         if truth is not None:
-            print("estimate - truth in standard errors: " + ", ".join(f"{k} {v:+.2f}" for k, v in _z_scores(result, truth).items()))
+            print(
+                "estimate - truth in standard errors: "
+                + ", ".join(f"{k} {v:+.2f}" for k, v in _z_scores(result, truth).items())
+            )
         return exit_code(result.status)
     except (DataError, FitError) as e:
         return _error("fit", str(e))
@@ -400,8 +475,11 @@ def run_pendulum(args) -> int:
             return _error("fit-pendulum", f"--segment {args.segment} out of range: {len(segs)} window(s)")
         t0 = time.perf_counter()
         fits = fit_pendulum_segments(
-            segs, axis=None if args.axis is None else "xyz".index(args.axis), mass=args.mass,
-            distance=args.pivot_distance, gravity=args.gravity,
+            segs,
+            axis=None if args.axis is None else "xyz".index(args.axis),
+            mass=args.mass,
+            distance=args.pivot_distance,
+            gravity=args.gravity,
         )
         elapsed = time.perf_counter() - t0
     except (DataError, ValueError) as e:
@@ -425,8 +503,16 @@ def run_pendulum(args) -> int:
     n_good = sum(f.status == FitStatus.CONVERGED for f in fits)
     print()
     if comb:
-        print(f"median over {n_good} converged window(s): estimate ± statistical 1σ, 95 % interval incl. between-window scatter")
-        scale = {"inertia_pivot": ("g m^2", 1e3), "inertia_cm": ("g m^2", 1e3), "period": ("s", 1), "omega0": ("rad/s", 1), "damping_rate": ("1/s", 1)}
+        print(
+            f"median over {n_good} converged window(s): estimate ± statistical 1σ, 95 % interval incl. between-window scatter"
+        )
+        scale = {
+            "inertia_pivot": ("g m^2", 1e3),
+            "inertia_cm": ("g m^2", 1e3),
+            "period": ("s", 1),
+            "omega0": ("rad/s", 1),
+            "damping_rate": ("1/s", 1),
+        }
         for name, c in comb.items():
             unit, k = scale[name]
             lo, hi = c["interval"]
@@ -442,22 +528,53 @@ def run_pendulum(args) -> int:
     status = FitStatus.CONVERGED if not bad and comb else (bad[0].status if bad else FitStatus.UNIDENTIFIABLE)
     print(f"status: {status.value}" + (f" ({len(bad)} of {len(fits)} window(s) left out)" if bad else ""))
     if args.json:
+
         def clean(v):
             return float(v) if isinstance(v, float) and math.isfinite(v) else (None if isinstance(v, float) else v)
 
         out = {
-            "path": str(args.path), "status": status.value, "elapsed_s": elapsed,
-            "windows": [{k: (clean(v) if not isinstance(v, (np.ndarray, FitStatus)) else (v.value if isinstance(v, FitStatus) else None))
-                         for k, v in f.__dict__.items() if k != "model_omega"} for f in fits],
-            "combined": {k: {kk: (list(map(clean, vv)) if isinstance(vv, tuple) else clean(vv)) for kk, vv in c.items()} for k, c in comb.items()},
-            "options": {"mass": args.mass, "pivot_distance": args.pivot_distance, "gravity": args.gravity, "axis": args.axis},
+            "path": str(args.path),
+            "status": status.value,
+            "elapsed_s": elapsed,
+            "windows": [
+                {
+                    k: (
+                        clean(v)
+                        if not isinstance(v, (np.ndarray, FitStatus))
+                        else (v.value if isinstance(v, FitStatus) else None)
+                    )
+                    for k, v in f.__dict__.items()
+                    if k != "model_omega"
+                }
+                for f in fits
+            ],
+            "combined": {
+                k: {kk: (list(map(clean, vv)) if isinstance(vv, tuple) else clean(vv)) for kk, vv in c.items()}
+                for k, c in comb.items()
+            },
+            "options": {
+                "mass": args.mass,
+                "pivot_distance": args.pivot_distance,
+                "gravity": args.gravity,
+                "axis": args.axis,
+            },
         }
-        code = _write("fit-pendulum", "--json", args.json, lambda: Path(args.json).write_text(json.dumps(out, indent=2, allow_nan=False)))
+        code = _write(
+            "fit-pendulum",
+            "--json",
+            args.json,
+            lambda: Path(args.json).write_text(json.dumps(out, indent=2, allow_nan=False)),
+        )
         if code is not None:
             return code
         print(f"wrote {args.json}")
     if args.plot:
-        code = _write("fit-pendulum", "--plot", args.plot, lambda: _plot_pendulum(segs[args.segment], fits[args.segment], args.plot))
+        code = _write(
+            "fit-pendulum",
+            "--plot",
+            args.plot,
+            lambda: _plot_pendulum(segs[args.segment], fits[args.segment], args.plot),
+        )
         if code is not None:
             return code
         print(f"wrote {args.plot} (window {args.segment})")

@@ -256,13 +256,18 @@ def ensemble_rollout(
     except (TypeError, ValueError):
         # an unhashable step or loads, or a model whose static fields cannot be compared
         # (e.g. an array): build (and compile) without the cache
-        fn = _compiled.__wrapped__(step, n, checkpoint_every, save_every, adjoint, mesh, model_batched, loads_kind, loads_fn, const)
+        fn = _compiled.__wrapped__(
+            step, n, checkpoint_every, save_every, adjoint, mesh, model_batched, loads_kind, loads_fn, const
+        )
     traj = fn(models_p, states_p, dt_arr, loads_p)
     if pad:
         traj = jax.tree_util.tree_map(lambda a: a[:E], traj)
     if checked:
         # check() reads a leading time axis, then the member
-        check(jax.tree_util.tree_map(lambda a: jnp.swapaxes(a, 0, 1), traj.info), allow_rotation_limit=allow_rotation_limit)
+        check(
+            jax.tree_util.tree_map(lambda a: jnp.swapaxes(a, 0, 1), traj.info),
+            allow_rotation_limit=allow_rotation_limit,
+        )
     return traj
 
 

@@ -91,7 +91,9 @@ def parallel_axis(mass, inertia, d) -> jax.Array:
     """
     d = jnp.asarray(d)
     if d.shape != (3,):
-        raise ValueError(f"parallel_axis: d (offset from the new point to the centre of mass, m) must have shape (3,); got {d.shape}")
+        raise ValueError(
+            f"parallel_axis: d (offset from the new point to the centre of mass, m) must have shape (3,); got {d.shape}"
+        )
     if jnp.shape(inertia) != (3, 3):
         raise ValueError(f"parallel_axis: inertia must have shape (3, 3); got {jnp.shape(inertia)}")
     if jnp.ndim(mass) != 0:
@@ -150,7 +152,9 @@ class InertiaProperties(eqx.Module):
         # a massless sum has no centre of mass; keep the origin there (inertia is zero anyway)
         safe_m = jnp.where(m > 0, m, 1)
         com = jnp.where(m > 0, (self.mass * self.com + other.mass * other.com) / safe_m, 0 * self.com)
-        J = parallel_axis(self.mass, self.inertia, self.com - com) + parallel_axis(other.mass, other.inertia, other.com - com)
+        J = parallel_axis(self.mass, self.inertia, self.com - com) + parallel_axis(
+            other.mass, other.inertia, other.com - com
+        )
         return InertiaProperties(m, com, 0.5 * (J + J.T))
 
     def __radd__(self, other):
@@ -169,7 +173,9 @@ class InertiaProperties(eqx.Module):
         if is_concrete(R):
             Rn = np.asarray(R, float)
             if not np.allclose(Rn @ Rn.T, np.eye(3), atol=1e-6) or np.linalg.det(Rn) < 0:
-                raise ValueError(f"rotation must be a proper rotation matrix (R R^T = E, det R = +1); got {Rn.tolist()}")
+                raise ValueError(
+                    f"rotation must be a proper rotation matrix (R R^T = E, det R = +1); got {Rn.tolist()}"
+                )
         J = R @ self.inertia @ R.T
         return InertiaProperties(self.mass, R @ self.com, 0.5 * (J + J.T))
 

@@ -121,7 +121,9 @@ class Segment:
             norm = np.linalg.norm(arrays["orientation"], axis=-1)
             if np.any(np.abs(norm - 1) > 1e-6):
                 i = int(np.argmax(np.abs(norm - 1) > 1e-6))
-                raise DataError(f"{where}: orientation must be unit quaternions [w, x, y, z]; |q| = {norm[i]} at sample {i}")
+                raise DataError(
+                    f"{where}: orientation must be unit quaternions [w, x, y, z]; |q| = {norm[i]} at sample {i}"
+                )
         for field, v in arrays.items():
             v.setflags(write=False)
             object.__setattr__(self, field, v)
@@ -167,7 +169,11 @@ def _read_table(path: Path, **kw) -> pd.DataFrame:
 
 def _bad_cell(raw: pd.Series, path: Path, i: int, col: str) -> DataError:
     cell = raw.iloc[i]
-    what = "empty cell" if cell == "" else ("NaN/inf sample" if cell.lower() in _NONFINITE else f"non-numeric cell {cell!r}")
+    what = (
+        "empty cell"
+        if cell == ""
+        else ("NaN/inf sample" if cell.lower() in _NONFINITE else f"non-numeric cell {cell!r}")
+    )
     return DataError(f"{_where(path, i + 2, col)}: {what}")
 
 
@@ -208,9 +214,7 @@ def _check_finite(df: pd.DataFrame, values: np.ndarray, rows: np.ndarray, path: 
 def _require_columns(df: pd.DataFrame, path: Path, required) -> None:
     missing = [c for c in required if c not in df.columns]
     if missing:
-        raise DataError(
-            f"{_where(path, 1)}: missing column(s) {missing}; the header has {list(df.columns)}"
-        )
+        raise DataError(f"{_where(path, 1)}: missing column(s) {missing}; the header has {list(df.columns)}")
 
 
 def _check_increasing(t: np.ndarray, path: Path, column: str, first_line: int = 2) -> None:
@@ -460,7 +464,9 @@ def load_npz(path) -> list[Segment]:
     if not p.is_file():
         raise DataError(f"{p}: no such file")
     if not zipfile.is_zipfile(p):
-        raise DataError(f"{p}: not a valid NPZ file (an NPZ is a zip archive of .npy arrays, as written by numpy.savez)")
+        raise DataError(
+            f"{p}: not a valid NPZ file (an NPZ is a zip archive of .npy arrays, as written by numpy.savez)"
+        )
     try:
         z = np.load(p, allow_pickle=False)
     except Exception as e:  # numpy raises several types for corrupt archives

@@ -296,7 +296,9 @@ def lu_factor_small(A: jax.Array, *, method: str = "elimination") -> tuple[Small
         fn = jax.vmap(fn)
     if A.shape[-1] == 0:
         # no elimination stages: the pivots (…, 0) carry the batch axes
-        return SmallLU(_LapackLU(jnp.zeros(A.shape, A.dtype), jnp.zeros(A.shape[:-1], jnp.int32))), jnp.zeros(A.shape[:-1], A.dtype)
+        return SmallLU(_LapackLU(jnp.zeros(A.shape, A.dtype), jnp.zeros(A.shape[:-1], jnp.int32))), jnp.zeros(
+            A.shape[:-1], A.dtype
+        )
     factors, pivots = fn(A)
     return SmallLU(factors), pivots
 

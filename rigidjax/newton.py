@@ -85,7 +85,11 @@ def _loop(update: Callable, z0, max_iterations: int, stopped, dtype):
         )
 
     init = (
-        jnp.zeros(batch, jnp.int32), z0, stopped, jnp.full(batch, Status.SUCCESS, jnp.int32), jnp.full(batch, jnp.inf, dtype),
+        jnp.zeros(batch, jnp.int32),
+        z0,
+        stopped,
+        jnp.full(batch, Status.SUCCESS, jnp.int32),
+        jnp.full(batch, jnp.inf, dtype),
     )
     it, z, done, status, res = jax.lax.while_loop(lambda c: jnp.any(running(c)), body, init)
     status = jnp.where(done, Status.SUCCESS, jnp.where(status == Status.SUCCESS, Status.MAX_ITERATIONS, status))

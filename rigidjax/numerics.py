@@ -118,9 +118,7 @@ def _materialize_loop(*xs):
     shape = jnp.shape(xs[0])
     nz = [jnp.full((), -0.0, x.dtype) for x in xs]
     ops = [jnp.stack([x, jnp.broadcast_to(z, shape)], -1) for x, z in zip(xs, nz)]
-    return tuple(
-        jax.lax.reduce(ops, nz, lambda a, b: tuple(u + v for u, v in zip(a, b)), (len(shape),))
-    )
+    return tuple(jax.lax.reduce(ops, nz, lambda a, b: tuple(u + v for u, v in zip(a, b)), (len(shape),)))
 
 
 def _materialize_batch(args, dims):

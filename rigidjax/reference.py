@@ -129,10 +129,17 @@ def torque_free_orientation(inertia, omega0, q0, t, rtol: float = 1e-13) -> np.n
         q0_, x, y, z = q
         wx, wy, wz = w
         return 0.5 * np.array(
-            [-x * wx - y * wy - z * wz, q0_ * wx + y * wz - z * wy, q0_ * wy + z * wx - x * wz, q0_ * wz + x * wy - y * wx]
+            [
+                -x * wx - y * wy - z * wz,
+                q0_ * wx + y * wz - z * wy,
+                q0_ * wy + z * wx - x * wz,
+                q0_ * wz + x * wy - y * wx,
+            ]
         )
 
-    sol = integrate.solve_ivp(rhs, (0.0, float(t[-1])), np.asarray(q0, float), method="DOP853", t_eval=t, rtol=rtol, atol=rtol * 1e-2)
+    sol = integrate.solve_ivp(
+        rhs, (0.0, float(t[-1])), np.asarray(q0, float), method="DOP853", t_eval=t, rtol=rtol, atol=rtol * 1e-2
+    )
     q = sol.y.T
     return q / np.linalg.norm(q, axis=1, keepdims=True)
 
@@ -186,8 +193,14 @@ def euler_omega(inertia, omega0, t, *, damping=None, rtol: float = 1e-10):
     def rhs(_s, y):
         w = y.reshape(B, 3)
         Lw = np.einsum("bij,bj->bi", J, w)
-        c = np.stack([w[:, 1] * Lw[:, 2] - w[:, 2] * Lw[:, 1], w[:, 2] * Lw[:, 0] - w[:, 0] * Lw[:, 2],
-                      w[:, 0] * Lw[:, 1] - w[:, 1] * Lw[:, 0]], 1)
+        c = np.stack(
+            [
+                w[:, 1] * Lw[:, 2] - w[:, 2] * Lw[:, 1],
+                w[:, 2] * Lw[:, 0] - w[:, 0] * Lw[:, 2],
+                w[:, 0] * Lw[:, 1] - w[:, 1] * Lw[:, 0],
+            ],
+            1,
+        )
         return (span[:, None] * np.einsum("bij,bj->bi", inv, -c - np.einsum("bij,bj->bi", D, w))).reshape(-1)
 
     atol = rtol * 1e-2 * (1.0 + float(np.max(np.linalg.norm(w0, axis=1))))

@@ -184,12 +184,17 @@ def rollout(
         raise ValueError(f"rollout: adjoint must be None or 'discrete'; got {adjoint!r}")
     if adjoint == "discrete":
         problems = [
-            msg for bad, msg in (
-                (packed is None or packed.discrete_adjoint is None, "the step has no discrete adjoint (rigidjax.Midpoint has)"),
+            msg
+            for bad, msg in (
+                (
+                    packed is None or packed.discrete_adjoint is None,
+                    "the step has no discrete adjoint (rigidjax.Midpoint has)",
+                ),
                 (callable(loads), "loads is a callable"),
                 (save_every not in (None, 1), "save_every is set"),
                 (checkpoint_every is not None, "checkpoint_every is set (the discrete adjoint needs no checkpoints)"),
-            ) if bad
+            )
+            if bad
         ]
         if problems:
             raise ValueError("rollout: adjoint='discrete' is not available here: " + "; ".join(problems))

@@ -106,7 +106,11 @@ def synthesize_recording(
         ValueError: non-physical moments, negative drag/noise, bad sizes.
     """
     moments = np.asarray(moments, float)
-    if moments.shape != (3,) or np.any(moments <= 0) or np.any(moments > moments.sum() - moments + 1e-12 * moments.sum()):
+    if (
+        moments.shape != (3,)
+        or np.any(moments <= 0)
+        or np.any(moments > moments.sum() - moments + 1e-12 * moments.sum())
+    ):
         raise ValueError(f"moments must be 3 positive values obeying the triangle inequality; got {moments}")
     if drag < 0 or noise_std < 0 or window_misalignment < 0 or drag_spread < 0:
         raise ValueError(
@@ -153,14 +157,14 @@ def synthesize_recording(
     (export / "meta").mkdir(parents=True, exist_ok=True)
     header = ",".join(f'"{c}"' for c in (PHYPHOX_TIME, *PHYPHOX_GYRO, PHYPHOX_ABS))
     absolute = np.linalg.norm(measured, axis=1)
-    lines = [header] + [
-        ",".join(_phyphox_float(v) for v in (ti, *wi, ai)) for ti, wi, ai in zip(t, measured, absolute)
-    ]
+    lines = [header] + [",".join(_phyphox_float(v) for v in (ti, *wi, ai)) for ti, wi, ai in zip(t, measured, absolute)]
     (export / RAW_DATA).write_text("\n".join(lines) + "\n")
     seg_lines = ["segment,start,end,keep,comment", f"0, {t[0] + 0.1:.2f}, {t[0] + 0.6:.2f},false,Not a trial (at rest)"]
     for k, (lo, hi) in enumerate(windows):
         pad = " " if k % 2 else ""  # whitespace varies between real files too
-        seg_lines.append(f"{k + 1},{pad}{lo:.3f},{pad}{hi:.3f},,{'Intermediate axis rotation' if spin_axis == 0 else 'Spin about principal axis ' + str(spin_axis)}")
+        seg_lines.append(
+            f"{k + 1},{pad}{lo:.3f},{pad}{hi:.3f},,{'Intermediate axis rotation' if spin_axis == 0 else 'Spin about principal axis ' + str(spin_axis)}"
+        )
     (export / "meta" / "segments.csv").write_text("\n".join(seg_lines))
     t_sys = 1.767268800e9
     (export / "meta" / "time.csv").write_text(

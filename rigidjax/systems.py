@@ -202,7 +202,9 @@ def cart_pendulum(
     masses = jnp.atleast_1d(_arr(masses, "masses"))
     lengths = jnp.atleast_1d(_arr(lengths, "lengths"))
     if masses.shape != lengths.shape or masses.ndim != 1:
-        raise ValueError(f"cart_pendulum: masses and lengths must be (k,) of equal length; got {masses.shape}, {lengths.shape}")
+        raise ValueError(
+            f"cart_pendulum: masses and lengths must be (k,) of equal length; got {masses.shape}, {lengths.shape}"
+        )
     k = masses.shape[0]
     lag = _PlanarChain(masses, lengths, _arr(cart_mass, "cart_mass"), _arr(gravity, "gravity"))
     n = k + 1

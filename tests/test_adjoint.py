@@ -38,13 +38,19 @@ def _loss(J, m, R, g, w0, v0, q0, wrench, dt, adjoint, attitude):
     body = rj.RigidBody(m, J, R, g)
     q = q0 / jnp.linalg.norm(q0, axis=-1, keepdims=True)
     E = w0.shape[0]
-    state = rj.RigidBodyState(position=jnp.full((E, 3), 0.1), orientation=q, velocity=v0, angular_velocity=w0, time=jnp.zeros(E))
+    state = rj.RigidBodyState(
+        position=jnp.full((E, 3), 0.1), orientation=q, velocity=v0, angular_velocity=w0, time=jnp.zeros(E)
+    )
     tr = rj.rollout(step, body, state, dt, N_STEPS, wrench, adjoint=adjoint)
     s = tr.states
     k = jnp.arange(N_STEPS + 1, dtype=w0.dtype)[:, None, None]
     return (
-        jnp.sum(k * s.angular_velocity**2) + jnp.sum(s.orientation[..., 1:] ** 3) + jnp.sum(s.position**2)
-        + 0.7 * jnp.sum(s.velocity) + 0.1 * jnp.sum(s.time) + jnp.sum(tr.info.rotation)
+        jnp.sum(k * s.angular_velocity**2)
+        + jnp.sum(s.orientation[..., 1:] ** 3)
+        + jnp.sum(s.position**2)
+        + 0.7 * jnp.sum(s.velocity)
+        + 0.1 * jnp.sum(s.time)
+        + jnp.sum(tr.info.rotation)
     )
 
 
@@ -76,9 +82,16 @@ def test_discrete_adjoint_matches_finite_differences_with_failures_and_per_step_
     tr = rj.rollout(
         functools.partial(rj.midpoint_step, attitude="midpoint", max_rotation=0.03),
         rj.RigidBody(args[1], args[0], args[2], args[3]),
-        rj.RigidBodyState(orientation=args[6] / jnp.linalg.norm(args[6], axis=-1, keepdims=True), velocity=args[5],
-                          angular_velocity=args[4], position=jnp.zeros((E, 3)), time=jnp.zeros(E)),
-        args[8], N_STEPS, args[7],
+        rj.RigidBodyState(
+            orientation=args[6] / jnp.linalg.norm(args[6], axis=-1, keepdims=True),
+            velocity=args[5],
+            angular_velocity=args[4],
+            position=jnp.zeros((E, 3)),
+            time=jnp.zeros(E),
+        ),
+        args[8],
+        N_STEPS,
+        args[7],
     )
     status = np.asarray(tr.info.status)
     assert (status[9:, 1] == Status.NONFINITE).all() and (status[:, 0] == Status.ROTATION_LIMIT).any()
@@ -98,7 +111,9 @@ def test_discrete_adjoint_matches_finite_differences_with_failures_and_per_step_
             minus = list(args)
             plus[i] = jnp.asarray(a + h * d)
             minus[i] = jnp.asarray(a - h * d)
-            fd = (float(_value(*plus, "discrete", "midpoint")) - float(_value(*minus, "discrete", "midpoint"))) / (2 * h)
+            fd = (float(_value(*plus, "discrete", "midpoint")) - float(_value(*minus, "discrete", "midpoint"))) / (
+                2 * h
+            )
             gi = np.nan_to_num(np.asarray(g[i]))
             ad = float(np.sum(gi * d))
             assert ad == pytest.approx(fd, rel=1e-5, abs=1e-6), (name, ad, fd)
@@ -111,9 +126,16 @@ def test_discrete_adjoint_shared_body_and_vmap():
 
     def loss(J, w0, adjoint):
         body = rj.RigidBody(1.0, J)  # one body shared by the batched states
-        s = rj.RigidBodyState(angular_velocity=w0, orientation=jnp.tile(jnp.array([1.0, 0, 0, 0]), (3, 1)),
-                              position=jnp.zeros((3, 3)), velocity=jnp.zeros((3, 3)), time=jnp.zeros(3))
-        return jnp.sum(rj.rollout(rj.midpoint_step, body, s, 0.01, 15, adjoint=adjoint).states.angular_velocity[-1] ** 2)
+        s = rj.RigidBodyState(
+            angular_velocity=w0,
+            orientation=jnp.tile(jnp.array([1.0, 0, 0, 0]), (3, 1)),
+            position=jnp.zeros((3, 3)),
+            velocity=jnp.zeros((3, 3)),
+            time=jnp.zeros(3),
+        )
+        return jnp.sum(
+            rj.rollout(rj.midpoint_step, body, s, 0.01, 15, adjoint=adjoint).states.angular_velocity[-1] ** 2
+        )
 
     g = jax.jit(jax.grad(loss, argnums=(0, 1)), static_argnums=2)
     for a, b in zip(g(J, w0, "discrete"), g(J, w0, None)):
@@ -131,7 +153,6 @@ def test_discrete_adjoint_shared_body_and_vmap():
     )
 
 
-
 @pytest.mark.slow  # ~24 s of compile; CI budget
 def test_ensemble_rollout_discrete_adjoint_and_loads():
     """ensemble_rollout runs the midpoint step over its members in one batched rollout: same
@@ -142,8 +163,13 @@ def test_ensemble_rollout_discrete_adjoint_and_loads():
     E, n = 5, 12
     body = rj.RigidBody(1.0, jnp.diag(jnp.array([1.0, 2.0, 3.0])))
     w0 = jnp.stack([jnp.array([0.01, 2.0, 0.0]) * (1 + 0.1 * k) for k in range(E)])
-    states0 = rj.RigidBodyState(angular_velocity=w0, orientation=jnp.tile(jnp.array([1.0, 0, 0, 0]), (E, 1)),
-                                position=jnp.zeros((E, 3)), velocity=jnp.zeros((E, 3)), time=jnp.zeros(E))
+    states0 = rj.RigidBodyState(
+        angular_velocity=w0,
+        orientation=jnp.tile(jnp.array([1.0, 0, 0, 0]), (E, 1)),
+        position=jnp.zeros((E, 3)),
+        velocity=jnp.zeros((E, 3)),
+        time=jnp.zeros(E),
+    )
     loads = jnp.zeros((E, n, 6)).at[:, :, 3].set(jnp.arange(E, dtype=float)[:, None] * 0.1)
 
     def via_ensemble(J, adjoint):
@@ -160,7 +186,9 @@ def test_ensemble_rollout_discrete_adjoint_and_loads():
     (v1, tr1), g1 = jax.value_and_grad(via_ensemble, has_aux=True)(J, "discrete")
     (v2, tr2), g2 = jax.value_and_grad(via_vmap, has_aux=True)(J)
     assert tr1.states.angular_velocity.shape == (E, n + 1, 3) and tr1.info.status.shape == (E, n)
-    np.testing.assert_allclose(np.asarray(tr1.states.angular_velocity), np.asarray(tr2.states.angular_velocity), atol=1e-14)
+    np.testing.assert_allclose(
+        np.asarray(tr1.states.angular_velocity), np.asarray(tr2.states.angular_velocity), atol=1e-14
+    )
     np.testing.assert_allclose(np.asarray(g1), np.asarray(g2), rtol=1e-12, atol=1e-14)
     # member k is driven by torque 0.1 k about x: its final rate differs from member 0's scaled run
     assert float(jnp.abs(tr1.states.angular_velocity[4, -1, 0] - 1.4 * tr1.states.angular_velocity[0, -1, 0])) > 1e-3
@@ -173,14 +201,26 @@ def test_failed_member_and_shared_loads_gradients():
     per-step wrench shared by all members gets the sum of their cotangents."""
     E, n = 4, 5
     w0 = jnp.array(np.random.default_rng(0).normal(size=(E, 3)))
-    state = rj.RigidBodyState(angular_velocity=w0, velocity=jnp.ones((E, 3)), position=jnp.zeros((E, 3)),
-                              orientation=jnp.tile(jnp.array([1.0, 0, 0, 0]), (E, 1)), time=jnp.zeros(E))
+    state = rj.RigidBodyState(
+        angular_velocity=w0,
+        velocity=jnp.ones((E, 3)),
+        position=jnp.zeros((E, 3)),
+        orientation=jnp.tile(jnp.array([1.0, 0, 0, 0]), (E, 1)),
+        time=jnp.zeros(E),
+    )
     keep = jnp.array([0, 2, 3])
     W = jnp.zeros((n, E, 6)).at[:, :, 3:].set(0.2).at[2, 1, 0].set(jnp.nan)
 
     def loss(J, W, adjoint, members):
-        st = rj.rollout(rj.midpoint_step, rj.RigidBody(1.5, J), jax.tree_util.tree_map(lambda a: a[members], state),
-                        0.05, n, W[:, members], adjoint=adjoint).states
+        st = rj.rollout(
+            rj.midpoint_step,
+            rj.RigidBody(1.5, J),
+            jax.tree_util.tree_map(lambda a: a[members], state),
+            0.05,
+            n,
+            W[:, members],
+            adjoint=adjoint,
+        ).states
         return jnp.sum(st.angular_velocity[:, jnp.arange(len(members)) if len(members) == 3 else keep] ** 2)
 
     J = jnp.diag(jnp.array([1.0, 2.0, 2.5]))
@@ -209,7 +249,11 @@ def test_traced_inputs_out_of_range_are_flagged():
     run = jax.jit(lambda m, J, dt: rj.rollout(rj.midpoint_step, rj.RigidBody(m, J), s, dt, 3))
     good = run(1.0, body.inertia, 0.01)
     assert (np.asarray(good.info.status) == Status.SUCCESS).all()
-    for m, J, dt in ((1.0, body.inertia, -0.01), (-1.0, body.inertia, 0.01), (1.0, jnp.diag(jnp.array([-1.0, 2.0, 2.5])), 0.01)):
+    for m, J, dt in (
+        (1.0, body.inertia, -0.01),
+        (-1.0, body.inertia, 0.01),
+        (1.0, jnp.diag(jnp.array([-1.0, 2.0, 2.5])), 0.01),
+    ):
         tr = run(m, J, dt)
         assert (np.asarray(tr.info.status) == Status.INVALID_INPUT).all()
         np.testing.assert_array_equal(np.asarray(tr.states.angular_velocity[-1]), np.asarray(s.angular_velocity))
@@ -222,7 +266,9 @@ def test_traced_inputs_out_of_range_are_flagged():
         assert (np.asarray(run(1.0, J, 0.01).info.status) == Status.SUCCESS).all()
         assert (np.asarray(run(1.0, J.astype(jnp.float32), jnp.float32(0.01)).info.status) == Status.SUCCESS).all()
     with pytest.raises(Exception, match="failed"):
-        jax.jit(lambda dt: rj.rollout(rj.midpoint_step, body, s, dt, 3, checked=True).states.time)(-0.01).block_until_ready()
+        jax.jit(lambda dt: rj.rollout(rj.midpoint_step, body, s, dt, 3, checked=True).states.time)(
+            -0.01
+        ).block_until_ready()
     with pytest.raises(ValueError, match="wrench has batch shape"):
         batched = jax.tree_util.tree_map(lambda a: jnp.stack([a, a]), s)
         rj.rollout(rj.midpoint_step, body, batched, 0.01, 3, jnp.zeros((3, 3, 6)))
@@ -245,5 +291,12 @@ def test_discrete_adjoint_unsupported_options_raise():
     with pytest.raises(ValueError, match="no discrete adjoint"):
         rj.rollout(lambda *a: rj.midpoint_step(*a), body, state, 0.01, 5, adjoint="discrete")
     with pytest.raises(TypeError):  # reverse mode only, as for any custom_vjp
-        jax.jvp(lambda w: rj.rollout(rj.midpoint_step, body, rj.RigidBodyState(angular_velocity=w), 0.01, 5, adjoint="discrete").states.angular_velocity,
-                (w0[0],), (w0[0],))
+        jax.jvp(
+            lambda w: (
+                rj.rollout(
+                    rj.midpoint_step, body, rj.RigidBodyState(angular_velocity=w), 0.01, 5, adjoint="discrete"
+                ).states.angular_velocity
+            ),
+            (w0[0],),
+            (w0[0],),
+        )

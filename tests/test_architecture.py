@@ -15,14 +15,30 @@ ROOT = Path(__file__).resolve().parents[1] / "rigidjax"
 
 #: docs/architecture.md's table: top-level module or package -> layer
 LAYERS = {
-    "__main__": 7, "__init__": 7,
-    "cli": 6, "cli_fit": 6,
-    "identify": 5, "scenarios": 5, "synthetic": 5,
-    "systems": 4, "lqr": 4,
-    "midpoint": 3, "euler_parameters": 3, "variational": 3,
-    "rollout": 2, "ensemble": 2, "newton": 2, "inertia": 2,
-    "stepper": 1, "info": 1, "body": 1, "linalg": 1,
-    "numerics": 0, "so3": 0, "io": 0, "reference": 0,
+    "__main__": 7,
+    "__init__": 7,
+    "cli": 6,
+    "cli_fit": 6,
+    "identify": 5,
+    "scenarios": 5,
+    "synthetic": 5,
+    "systems": 4,
+    "lqr": 4,
+    "midpoint": 3,
+    "euler_parameters": 3,
+    "variational": 3,
+    "rollout": 2,
+    "ensemble": 2,
+    "newton": 2,
+    "inertia": 2,
+    "stepper": 1,
+    "info": 1,
+    "body": 1,
+    "linalg": 1,
+    "numerics": 0,
+    "so3": 0,
+    "io": 0,
+    "reference": 0,
 }
 
 
@@ -123,7 +139,7 @@ def test_no_import_cycle():
             if MODULES[nxt].name == "__init__.py" and nxt.startswith(node.rsplit(".", 1)[0]):
                 continue  # a module importing its own package's __init__ sibling re-export
             if state.get(nxt) == 1:
-                cycle = stack[stack.index(nxt):] + [nxt]
+                cycle = stack[stack.index(nxt) :] + [nxt]
                 if len({_unit(c) for c in cycle}) > 1 or all(MODULES[c].name != "__init__.py" for c in cycle):
                     pytest.fail("import cycle: " + " -> ".join(cycle))
             elif not state.get(nxt):
@@ -141,7 +157,7 @@ def test_private_names_stay_inside_one_package():
     for module, found in IMPORTS.items():
         for target, name, _ in found:
             if name and name.startswith("_") and not name.startswith("__"):
-                same_package = "." in module[len("rigidjax."):] and _unit(target) == _unit(module)
+                same_package = "." in module[len("rigidjax.") :] and _unit(target) == _unit(module)
                 if not same_package:
                     bad.append(f"{module} imports {name} from {target}")
     assert not bad, "\n".join(bad)

@@ -51,7 +51,9 @@ def test_state_bad_input(kwargs, match):
 
 def test_energy_and_momentum_definitions():
     body = rj.RigidBody(2.0, [1.0, 2.0, 2.5])
-    s = rj.RigidBodyState(velocity=[1.0, 0.0, 0.0], angular_velocity=[0.0, 1.0, 0.0], orientation=[np.cos(0.5), 0, 0, np.sin(0.5)])
+    s = rj.RigidBodyState(
+        velocity=[1.0, 0.0, 0.0], angular_velocity=[0.0, 1.0, 0.0], orientation=[np.cos(0.5), 0, 0, np.sin(0.5)]
+    )
     assert float(rj.kinetic_energy(body, s)) == pytest.approx(0.5 * 2 * 1 + 0.5 * 2 * 1)
     # body y-axis turned by 1 rad about world z: L_world = 2 * (-sin 1, cos 1, 0)
     np.testing.assert_allclose(rj.angular_momentum(body, s), [-2 * np.sin(1.0), 2 * np.cos(1.0), 0], atol=1e-14)
@@ -94,7 +96,16 @@ def test_step_mismatched_body_and_state():
     with pytest.raises(ValueError, match="body has ensemble shape"):
         rj.midpoint_step(rj.RigidBody([1.0, 2.0], [1.0, 2.0, 3.0]), rj.RigidBodyState(), None, 0.1)
     with pytest.raises(TypeError, match="body is float64 but state is float32"):
-        rj.midpoint_step(rj.RigidBody(1.0, [1.0, 2.0, 3.0]), rj.RigidBodyState(angular_velocity=np.float32([0.1, 2, 0])), None, 0.1)
+        rj.midpoint_step(
+            rj.RigidBody(1.0, [1.0, 2.0, 3.0]), rj.RigidBodyState(angular_velocity=np.float32([0.1, 2, 0])), None, 0.1
+        )
     # a loads callable returning the wrong shape is caught too (shapes are static under jit)
     with pytest.raises(ValueError, match="wrench must have shape"):
-        rj.rollout(rj.midpoint_step, rj.RigidBody(1.0, [1.0, 2.0, 3.0]), rj.RigidBodyState(), 0.01, 3, loads=lambda t, s: jnp.ones(3))
+        rj.rollout(
+            rj.midpoint_step,
+            rj.RigidBody(1.0, [1.0, 2.0, 3.0]),
+            rj.RigidBodyState(),
+            0.01,
+            3,
+            loads=lambda t, s: jnp.ones(3),
+        )

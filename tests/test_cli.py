@@ -9,7 +9,9 @@ from rigidjax.cli import main
 
 def test_simulate_midpoint_writes_trajectory(tmp_path, capsys):
     out = tmp_path / "traj.csv"
-    assert main(["simulate", "--t-end", "2", "--dt", "0.01", "--out", str(out), "--json", str(tmp_path / "s.json")]) == 0
+    assert (
+        main(["simulate", "--t-end", "2", "--dt", "0.01", "--out", str(out), "--json", str(tmp_path / "s.json")]) == 0
+    )
     df = pd.read_csv(out)
     assert list(df.columns) == ["t", "x", "y", "z", "qw", "qx", "qy", "qz", "wx", "wy", "wz"]
     assert len(df) == 201

@@ -77,8 +77,14 @@ def test_demo_pulls_over_seeds(tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # converged, and no warning
             fit = fit_inertia(
-                load_phyphox(truth["path"]), tensor=True, drag="isotropic", bias=True, joint=True, starts=2,
-                seed=seed, scale=("Iy", truth["Iy"]),
+                load_phyphox(truth["path"]),
+                tensor=True,
+                drag="isotropic",
+                bias=True,
+                joint=True,
+                starts=2,
+                seed=seed,
+                scale=("Iy", truth["Iy"]),
             )
         assert fit.converged
         assert fit.step_error["max_shift_se"] <= 0.3, fit.step_error
@@ -144,7 +150,11 @@ def test_errors_exit_2(tmp_path, capsys):
     deg.write_text("t,wx,wy,wz\n" + "\n".join(f"{0.01 * i:.2f},{20 * i},1100,30" for i in range(100)))
     assert main(["fit", str(deg), "--quiet"]) == 2
     assert "deg/s" in capsys.readouterr().err
-    for argv, msg in ((["--starts", "0"], "--starts must be >= 1"), (["--max-rate", "-1"], "--max-rate must be > 0"), (["--substeps", "two"], "--substeps must be 'auto'")):
+    for argv, msg in (
+        (["--starts", "0"], "--starts must be >= 1"),
+        (["--max-rate", "-1"], "--max-rate must be > 0"),
+        (["--substeps", "two"], "--substeps must be 'auto'"),
+    ):
         assert main(["fit", *argv]) == 2
         assert msg in capsys.readouterr().err
 

@@ -84,10 +84,14 @@ def test_sharded_over_4_cpu_devices_equals_unsharded():
 def test_single_device_and_validation():
     E, n = 4, 10  # (E = 3 would make a (3, 3) inertia read as one tensor)
     body = rj.RigidBody(np.ones(E), np.tile([1.0, 2.0, 3.0], (E, 1)))
-    st = rj.RigidBodyState(angular_velocity=np.array([[0.01, 2.0, 0.0], [1.0, 0.0, 0.5], [0.0, 0.3, 3.0], [0.2, 0.2, 0.2]]))
+    st = rj.RigidBodyState(
+        angular_velocity=np.array([[0.01, 2.0, 0.0], [1.0, 0.0, 0.5], [0.0, 0.3, 3.0], [0.2, 0.2, 0.2]])
+    )
     got = ensemble_rollout(rj.midpoint_step, body, st, 0.01, n, devices=jax.devices()[:1], checked=True)
     ref = jax.vmap(lambda b, s: rj.rollout(rj.midpoint_step, b, s, 0.01, n))(body, st)
-    np.testing.assert_allclose(np.asarray(got.states.orientation), np.asarray(ref.states.orientation), rtol=0, atol=1e-13)
+    np.testing.assert_allclose(
+        np.asarray(got.states.orientation), np.asarray(ref.states.orientation), rtol=0, atol=1e-13
+    )
     assert ensemble_size(st) == E
     with pytest.raises(ValueError, match="states0"):
         ensemble_rollout(rj.midpoint_step, body, rj.RigidBodyState(angular_velocity=[0.0, 1.0, 0.0]), 0.01, n)
@@ -124,7 +128,12 @@ def _shared_case(kind, inertia):
 
 
 @pytest.mark.parametrize(
-    "kind", ["midpoint", pytest.param("euler-parameters", marks=pytest.mark.slow), pytest.param("variational", marks=pytest.mark.slow)]
+    "kind",
+    [
+        "midpoint",
+        pytest.param("euler-parameters", marks=pytest.mark.slow),
+        pytest.param("variational", marks=pytest.mark.slow),
+    ],
 )
 def test_shared_model_compiled_as_constant_equals_traced_model(kind):
     """A shared concrete model is compiled in as a constant (its zero entries become structural
@@ -149,7 +158,9 @@ def test_shared_model_compiled_as_constant_equals_traced_model(kind):
     _, model_again, _ = _shared_case(kind, [1.0, 2.0, 3.0])
     again = run(model_again, st)
     assert ensemble._compiled.cache_info().hits == hits + 1
-    np.testing.assert_array_equal(np.asarray(jax.tree_util.tree_leaves(again.states)[0]), np.asarray(jax.tree_util.tree_leaves(fixed.states)[0]))
+    np.testing.assert_array_equal(
+        np.asarray(jax.tree_util.tree_leaves(again.states)[0]), np.asarray(jax.tree_util.tree_leaves(fixed.states)[0])
+    )
     # ... and a different model never does: its own results, equal to its traced run
     _, other, _ = _shared_case(kind, [1.0, 2.0, 2.5])
     got, ref = run(other, st), jax.jit(run)(other, st)
@@ -179,7 +190,9 @@ def test_shared_model_with_array_static_field_falls_back_to_no_cache():
     ref = jax.vmap(lambda s: rj.rollout(rj.midpoint_step, body, s, 0.01, 5))(st)
     for m in models:
         got = ensemble_rollout(step, m, st, 0.01, 5, model_batched=False, devices=jax.devices()[:1])
-        np.testing.assert_allclose(np.asarray(got.states.angular_velocity), np.asarray(ref.states.angular_velocity), rtol=0, atol=1e-15)
+        np.testing.assert_allclose(
+            np.asarray(got.states.angular_velocity), np.asarray(ref.states.angular_velocity), rtol=0, atol=1e-15
+        )
 
 
 def test_dt_of_any_float_kind_compiles_once(caplog):
@@ -191,12 +204,17 @@ def test_dt_of_any_float_kind_compiles_once(caplog):
 
     body = rj.RigidBody(jnp.ones(4), jnp.tile(jnp.diag(jnp.array([1.0, 2.0, 3.0])), (4, 1, 1)))
     states = rj.RigidBodyState(
-        time=jnp.zeros(4), position=jnp.zeros((4, 3)), orientation=jnp.tile(jnp.array([1.0, 0, 0, 0]), (4, 1)),
-        velocity=jnp.zeros((4, 3)), angular_velocity=jnp.tile(jnp.array([0.1, 2.0, 0.0]), (4, 1)),
+        time=jnp.zeros(4),
+        position=jnp.zeros((4, 3)),
+        orientation=jnp.tile(jnp.array([1.0, 0, 0, 0]), (4, 1)),
+        velocity=jnp.zeros((4, 3)),
+        angular_velocity=jnp.tile(jnp.array([0.1, 2.0, 0.0]), (4, 1)),
     )
     n_steps = 7  # a step count no other test uses: no program from before in the cache
     with jax.log_compiles(True), caplog.at_level(logging.WARNING):
         for dt in (0.01, np.float64(0.02), jnp.asarray(0.03, jnp.float64), 0.04):
             rj.ensemble_rollout(rj.midpoint_step, body, states, dt, n_steps).states.time.block_until_ready()
-    programs = [r for r in caplog.records if r.getMessage().startswith("Compiling") and "float64[4,3,3]" in r.getMessage()]
+    programs = [
+        r for r in caplog.records if r.getMessage().startswith("Compiling") and "float64[4,3,3]" in r.getMessage()
+    ]
     assert len(programs) == 1, [r.getMessage()[:120] for r in programs]

@@ -45,7 +45,9 @@ def _two_bodies(euler_constraint="position"):
     )
     model = ep.EPModel(body, euler_constraint=euler_constraint)
     s0 = ep.initial_state(
-        model, angular_velocity=jnp.array([[0.01, 2.0, 0.0], [1.0, -3.0, 0.5]]), velocity=jnp.array([[1.0, 0, 0], [0, 1.0, 2.0]])
+        model,
+        angular_velocity=jnp.array([[0.01, 2.0, 0.0], [1.0, -3.0, 0.5]]),
+        velocity=jnp.array([[1.0, 0, 0], [0, 1.0, 2.0]]),
     )
     return model, s0
 
@@ -129,7 +131,9 @@ def test_packed_failures_are_per_member_and_keep_the_input_state():
     assert np.all(st[0] == Status.SUCCESS) and np.all(st[2] == Status.SUCCESS)
     assert np.all(st[1, :2] == Status.SUCCESS) and np.all(st[1, 2:] == Status.NONFINITE)
     assert np.all(st[3:] == Status.INVALID_INPUT)
-    np.testing.assert_array_equal(np.asarray(tr.states.coordinates[3:]), np.broadcast_to(s0.coordinates, (2, n + 1, 1, 7)))
+    np.testing.assert_array_equal(
+        np.asarray(tr.states.coordinates[3:]), np.broadcast_to(s0.coordinates, (2, n + 1, 1, 7))
+    )
     with pytest.raises(ValueError, match=r"must have shape \(nb, 7\).*vmap"):  # a batched state: vmap instead
         rj.rollout(ep.ep_step, model, states0, 1e-3, n)
     # the failed member keeps its last good state (after step 2, i.e. index 2) for the rest

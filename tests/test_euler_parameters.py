@@ -185,7 +185,9 @@ def test_agrees_with_midpoint_step_as_dt_shrinks(free_runner):
         # (positions excluded: midpoint_step's x + dt v' is first order whenever v changes)
         d = max(
             np.max(np.abs(np.asarray(output(model, ep1, "Velocity"))[0] - np.asarray(mp1.velocity))),
-            np.max(np.abs(np.asarray(output(model, ep1, "AngularVelocityLocal"))[0] - np.asarray(mp1.angular_velocity))),
+            np.max(
+                np.abs(np.asarray(output(model, ep1, "AngularVelocityLocal"))[0] - np.asarray(mp1.angular_velocity))
+            ),
             float(so3.angle_between(jnp.asarray(output(model, ep1, "CoordinatesTotal"))[0, 3:], mp1.orientation)),
         )
         diffs.append(d)
@@ -202,7 +204,9 @@ def test_free_fall_is_the_parabola(free_runner):
     t = np.asarray(states.time)[:, None]
     exact = np.array([0.0, 0.0, 1.0]) + np.array([1.0, 0.0, 2.0]) * t + 0.5 * np.array([0.0, 0.0, -G]) * t**2
     np.testing.assert_allclose(np.asarray(output(model, states, "Position"))[:, 0], exact, atol=1e-13)
-    np.testing.assert_allclose(np.asarray(output(model, states, "Acceleration"))[:, 0], [[0.0, 0.0, -G]] * len(t), atol=1e-12)
+    np.testing.assert_allclose(
+        np.asarray(output(model, states, "Acceleration"))[:, 0], [[0.0, 0.0, -G]] * len(t), atol=1e-12
+    )
 
 
 # ----------------------------------------------------------------------------- heavy top
@@ -215,7 +219,9 @@ def heavy_top(spin, tilt=0.3):
     q0 = np.array([np.cos(tilt / 2), np.sin(tilt / 2), 0.0, 0.0])
     R = np.asarray(so3.to_matrix(jnp.asarray(q0)))
     body = RigidBody(M_TOP, np.array([A_TOP, A_TOP, C_TOP]), gravity=[0.0, 0.0, -G])
-    model = EPModel(body, reference=np.concatenate([R @ [0.0, 0.0, L_TOP], q0]), constraints=[SphericalJoint(0, [0.0, 0.0, -L_TOP])])
+    model = EPModel(
+        body, reference=np.concatenate([R @ [0.0, 0.0, L_TOP], q0]), constraints=[SphericalJoint(0, [0.0, 0.0, -L_TOP])]
+    )
     return model, initial_state(model, angular_velocity=[0.0, 0.0, spin])
 
 
@@ -264,7 +270,14 @@ def test_heavy_top_against_scipy_order_2(joint_runner):
         tau = np.cross(b, R.T @ np.array([0.0, 0.0, -M_TOP * G]))
         w_t = Ip_inv @ (tau - np.cross(w, Ip @ w))
         q0, x, y_, z = q
-        q_t = 0.5 * np.array([-x * w[0] - y_ * w[1] - z * w[2], q0 * w[0] + y_ * w[2] - z * w[1], q0 * w[1] + z * w[0] - x * w[2], q0 * w[2] + x * w[1] - y_ * w[0]])
+        q_t = 0.5 * np.array(
+            [
+                -x * w[0] - y_ * w[1] - z * w[2],
+                q0 * w[0] + y_ * w[2] - z * w[1],
+                q0 * w[1] + z * w[0] - x * w[2],
+                q0 * w[2] + x * w[1] - y_ * w[0],
+            ]
+        )
         return np.concatenate([q_t, w_t])
 
     T = 0.5
@@ -277,7 +290,9 @@ def test_heavy_top_against_scipy_order_2(joint_runner):
         s1 = _last(states)
         th = np.asarray(output(model, s1, "CoordinatesTotal"))[0, 3:]
         w = np.asarray(output(model, s1, "AngularVelocityLocal"))[0]
-        errs.append(max(float(so3.angle_between(jnp.asarray(th), jnp.asarray(q_ref))), np.max(np.abs(w - w_ref)) / spin))
+        errs.append(
+            max(float(so3.angle_between(jnp.asarray(th), jnp.asarray(q_ref))), np.max(np.abs(w - w_ref)) / spin)
+        )
     assert errs[1] < 3e-4  # measured 1.2e-4 at dt = 1 ms
     assert 1.7 < _order(errs[0], errs[1]) < 2.3, errs
 
@@ -335,7 +350,12 @@ def planar_double_pendulum(psi1, psi2, I1, I2, t):
         p1, p2, w1, w2 = y
         d = p1 - p2
         Mm = np.array([[a, b * np.cos(d)], [b * np.cos(d), c]])
-        f = np.array([-b * np.sin(d) * w2**2 - (M1 / 2 + M2) * G * L1 * np.sin(p1), b * np.sin(d) * w1**2 - M2 * G * L2 / 2 * np.sin(p2)])
+        f = np.array(
+            [
+                -b * np.sin(d) * w2**2 - (M1 / 2 + M2) * G * L1 * np.sin(p1),
+                b * np.sin(d) * w1**2 - M2 * G * L2 / 2 * np.sin(p2),
+            ]
+        )
         return np.concatenate([[w1, w2], np.linalg.solve(Mm, f)])
 
     sol = integrate.solve_ivp(rhs, (0, t), [psi1, psi2, 0.0, 0.0], method="DOP853", rtol=1e-12, atol=1e-14)
@@ -431,7 +451,9 @@ def test_non_convergence_is_reported_per_member_under_vmap():
     spinning = initial_state(model, angular_velocity=W0_ASYM)
     at_rest = initial_state(model)
     ens = jax.tree_util.tree_map(lambda a, b: jnp.stack([a, b]), at_rest, spinning)
-    step = jax.jit(jax.vmap(functools.partial(ep_step, max_iterations=1, rtol=1e-14, atol=1e-14), in_axes=(None, 0, None, None)))
+    step = jax.jit(
+        jax.vmap(functools.partial(ep_step, max_iterations=1, rtol=1e-14, atol=1e-14), in_axes=(None, 0, None, None))
+    )
     new, info = step(model, ens, None, 0.1)
     # at rest the predictor is the solution (converged in 1 iteration); spinning needs more
     assert np.asarray(info.status).tolist() == [Status.SUCCESS, Status.MAX_ITERATIONS]
@@ -492,7 +514,9 @@ def test_output_variables_on_a_trajectory(free_runner):
     th = out["CoordinatesTotal"][:, 0, 3:]
     R = np.asarray(so3.to_matrix(jnp.asarray(th)))
     np.testing.assert_allclose(out["RotationMatrix"][:, 0], R.reshape(n, 9), atol=1e-15)  # row-major
-    np.testing.assert_allclose(out["AngularVelocity"][:, 0], np.einsum("nij,nj->ni", R, out["AngularVelocityLocal"][:, 0]), atol=1e-14)
+    np.testing.assert_allclose(
+        out["AngularVelocity"][:, 0], np.einsum("nij,nj->ni", R, out["AngularVelocityLocal"][:, 0]), atol=1e-14
+    )
     np.testing.assert_allclose(out["Position"][:, 0], out["Displacement"][:, 0] + [1.0, 2.0, 3.0], atol=1e-15)
     np.testing.assert_allclose(out["Velocity"][:, 0], [[0.1, 0.0, 0.0]] * n, atol=1e-15)  # free flight
     # Tait-Bryan xyz: R = R_x(phi0) R_y(phi1) R_z(phi2)
@@ -500,7 +524,17 @@ def test_output_variables_on_a_trajectory(free_runner):
     np.testing.assert_allclose(back, R, atol=1e-13)
     # angular acceleration: the body-frame Euler equations, rotated to the world
     w = out["AngularVelocityLocal"][:, 0]
-    w_t = np.stack([(J_ASYM[1] - J_ASYM[2]) * w[:, 1] * w[:, 2], (J_ASYM[2] - J_ASYM[0]) * w[:, 2] * w[:, 0], (J_ASYM[0] - J_ASYM[1]) * w[:, 0] * w[:, 1]], -1) / J_ASYM
+    w_t = (
+        np.stack(
+            [
+                (J_ASYM[1] - J_ASYM[2]) * w[:, 1] * w[:, 2],
+                (J_ASYM[2] - J_ASYM[0]) * w[:, 2] * w[:, 0],
+                (J_ASYM[0] - J_ASYM[1]) * w[:, 0] * w[:, 1],
+            ],
+            -1,
+        )
+        / J_ASYM
+    )
     np.testing.assert_allclose(out["AngularAcceleration"][:, 0], np.einsum("nij,nj->ni", R, w_t), atol=1e-12)
 
 

@@ -51,8 +51,16 @@ def lamina(tmp_path_factory):
     no drag, no bias; tosses about the intermediate axis (y)."""
     d = tmp_path_factory.mktemp("lamina")
     truth = synthesize_recording(
-        d, moments=(1e-2, 2e-2, 3e-2), misalignment=(0, 0, 0), drag=0.0, bias=(0, 0, 0),
-        n_tosses=3, spin_axis=1, spin=(5.0, 7.0), seed=2, **TOSS,
+        d,
+        moments=(1e-2, 2e-2, 3e-2),
+        misalignment=(0, 0, 0),
+        drag=0.0,
+        bias=(0, 0, 0),
+        n_tosses=3,
+        spin_axis=1,
+        spin=(5.0, 7.0),
+        seed=2,
+        **TOSS,
     )
     return truth, load_phyphox(d)
 
@@ -180,8 +188,11 @@ def test_minimum_on_the_thin_plate_edge_is_reached_exactly():
 
     def cost(c_over_iy):
         res = optimize.least_squares(
-            lambda w0: (np.asarray(sim(c_over_iy, w0)) - seg.omega).ravel(), np.asarray(s0["omega0"]),
-            xtol=1e-14, ftol=1e-14, gtol=1e-14,
+            lambda w0: (np.asarray(sim(c_over_iy, w0)) - seg.omega).ravel(),
+            np.asarray(s0["omega0"]),
+            xtol=1e-14,
+            ftol=1e-14,
+            gtol=1e-14,
         )
         return float(res.cost)
 
@@ -194,9 +205,27 @@ def test_recordings_of_two_bodies_are_not_pooled(tmp_path, capsys):
     """A tree with a racquet recording (4 tosses) and one of a box (2 tosses): the joint fit
     names the box's recording, leaves it out (status inconsistent, exit 3) and estimates the
     racquet; pool='all' pools both, and the joint fit's per-window rule catches the misfit."""
-    a = synthesize_recording(tmp_path / "racquet", moments=RACQUET_MOMENTS, misalignment=(0, 0, 0), bias=(0, 0, 0), n_tosses=4, seed=3, **TOSS)
-    synthesize_recording(tmp_path / "box", moments=(2e-3, 3e-3, 4e-3), misalignment=(0, 0, 0), bias=(0, 0, 0), drag=0.0,
-                         spin_axis=1, spin=(6.0, 8.0), n_tosses=2, seed=4, **TOSS)
+    a = synthesize_recording(
+        tmp_path / "racquet",
+        moments=RACQUET_MOMENTS,
+        misalignment=(0, 0, 0),
+        bias=(0, 0, 0),
+        n_tosses=4,
+        seed=3,
+        **TOSS,
+    )
+    synthesize_recording(
+        tmp_path / "box",
+        moments=(2e-3, 3e-3, 4e-3),
+        misalignment=(0, 0, 0),
+        bias=(0, 0, 0),
+        drag=0.0,
+        spin_axis=1,
+        spin=(6.0, 8.0),
+        n_tosses=2,
+        seed=4,
+        **TOSS,
+    )
     segs = load_phyphox(tmp_path)
     with pytest.warns(UserWarning, match="inconsistent"):
         fit = fit_inertia(segs, joint=True, starts=2)
@@ -292,8 +321,13 @@ def test_pendulum_windows_among_flips_are_not_free():
     rng = np.random.default_rng(1)
     t = np.cumsum(np.full(110, 0.01))
     flips = [
-        Segment(t, euler_omega(np.array([1.0, 2.0, 2.9]), np.array([0.3 * rng.normal(), 6.0 + k, 0.3 * rng.normal()]), t)
-                + 0.01 * rng.normal(size=(110, 3)), name=f"flip {k}", source="flips")
+        Segment(
+            t,
+            euler_omega(np.array([1.0, 2.0, 2.9]), np.array([0.3 * rng.normal(), 6.0 + k, 0.3 * rng.normal()]), t)
+            + 0.01 * rng.normal(size=(110, 3)),
+            name=f"flip {k}",
+            source="flips",
+        )
         for k in range(3)
     ]
     tp, wp = _swing(axis=0)
@@ -336,9 +370,12 @@ def test_bad_input_clear_errors(lamina, tmp_path):
     with pytest.raises(DataError, match=r"bad.csv, line 1: missing column\(s\) \['t'\]"):
         fit_inertia(bad)
     for kw, msg in (
-        (dict(drag="quadratic"), "drag must be one of"), (dict(scale="Iq=1"), "scale: key must be one of"),
-        (dict(scale="Iy=-1"), "scale: Iy must be a positive number"), (dict(substeps=0), "substeps must be 'auto'"),
-        (dict(pool="some"), "pool must be"), (dict(starts=0), "starts must be an integer >= 1"),
+        (dict(drag="quadratic"), "drag must be one of"),
+        (dict(scale="Iq=1"), "scale: key must be one of"),
+        (dict(scale="Iy=-1"), "scale: Iy must be a positive number"),
+        (dict(substeps=0), "substeps must be 'auto'"),
+        (dict(pool="some"), "pool must be"),
+        (dict(starts=0), "starts must be an integer >= 1"),
     ):
         with pytest.raises(FitError, match=msg):
             fit_inertia(segs, **kw)
@@ -455,8 +492,18 @@ def test_intervals_cover_the_truth_under_per_window_model_error(tmp_path):
     hits = {"per": [], "joint": []}
     for seed in range(60):
         tr = synthesize_recording(
-            tmp_path / str(seed), moments=M, misalignment=(0, 0, 0), window_misalignment=0.02, drag=2e-4, drag_spread=0.5,
-            bias=(0, 0, 0), n_tosses=10, seed=seed, spin_axis=1, spin=(6.0, 9.0), **TOSS,
+            tmp_path / str(seed),
+            moments=M,
+            misalignment=(0, 0, 0),
+            window_misalignment=0.02,
+            drag=2e-4,
+            drag_spread=0.5,
+            bias=(0, 0, 0),
+            n_tosses=10,
+            seed=seed,
+            spin_axis=1,
+            spin=(6.0, 9.0),
+            **TOSS,
         )
         segs = load_phyphox(tr["path"])
         for mode, joint in (("per", False), ("joint", True)):

@@ -34,7 +34,9 @@ def test_bounded_lm_matches_scipy_lsq_linear():
     hi = np.array([1.0, np.inf, np.inf, 1.5])  # x0 <= 1 and x3 <= 1.5 active too
     ref = optimize.lsq_linear(M, y, bounds=(lo, hi), tol=1e-14, method="bvls").x
     x0 = np.array([[0.5, 1.0, 0.0, 0.0], [0.0, 5.0, -3.0, -1.0]])
-    st = _lm.solve(_linear_problem(M, y), x0, np.arange(2), np.tile(lo, (2, 1)), np.tile(hi, (2, 1)), eps=2.2e-16, max_steps=100)
+    st = _lm.solve(
+        _linear_problem(M, y), x0, np.arange(2), np.tile(lo, (2, 1)), np.tile(hi, (2, 1)), eps=2.2e-16, max_steps=100
+    )
     assert np.all(st["status"] == _lm.LMStatus.CONVERGED)
     # the solution's active bounds are hit exactly (projection), the free part to round-off
     np.testing.assert_allclose(st["x"], np.tile(ref, (2, 1)), atol=1e-10)
@@ -58,11 +60,18 @@ def test_bounded_lm_matches_scipy_trf_on_a_nonlinear_problem():
 
     def evaluate(x, rows):
         out = [(0.5 * resid(p) @ resid(p), jac(p).T @ jac(p), jac(p).T @ resid(p)) for p in x]
-        return (np.array([o[0] for o in out]), np.array([o[1] for o in out]), np.array([o[2] for o in out]),
-                np.ones(len(x), bool), np.zeros((len(x), 1)))
+        return (
+            np.array([o[0] for o in out]),
+            np.array([o[1] for o in out]),
+            np.array([o[2] for o in out]),
+            np.ones(len(x), bool),
+            np.zeros((len(x), 1)),
+        )
 
     lo, hi = np.array([0.0, 0.0, -np.inf]), np.array([np.inf, 1.0, np.inf])
-    ref = optimize.least_squares(resid, [1.0, 0.5, 0.0], jac=jac, bounds=(lo, hi), method="trf", xtol=1e-15, ftol=1e-15, gtol=1e-15).x
+    ref = optimize.least_squares(
+        resid, [1.0, 0.5, 0.0], jac=jac, bounds=(lo, hi), method="trf", xtol=1e-15, ftol=1e-15, gtol=1e-15
+    ).x
     st = _lm.solve(evaluate, np.array([[1.0, 0.5, 0.0]]), np.arange(1), lo[None], hi[None], eps=2.2e-16, max_steps=200)
     assert st["status"][0] == _lm.LMStatus.CONVERGED
     assert st["x"][0, 1] == 1.0  # the rate sits exactly on its bound
@@ -75,7 +84,15 @@ def test_bounded_lm_matches_scipy_trf_on_a_nonlinear_problem():
 def test_lm_reports_max_steps_honestly():
     M = np.array([[1.0, 0.0], [0.0, 1e-3], [1.0, 1.0]])
     y = np.array([1.0, 2.0, 3.0])
-    st = _lm.solve(_linear_problem(M, y), np.zeros((1, 2)), np.arange(1), np.full((1, 2), -np.inf), np.full((1, 2), np.inf), eps=2.2e-16, max_steps=1)
+    st = _lm.solve(
+        _linear_problem(M, y),
+        np.zeros((1, 2)),
+        np.arange(1),
+        np.full((1, 2), -np.inf),
+        np.full((1, 2), np.inf),
+        eps=2.2e-16,
+        max_steps=1,
+    )
     assert st["status"][0] in (_lm.LMStatus.MAX_STEPS, _lm.LMStatus.CONVERGED)
     if st["status"][0] == _lm.LMStatus.MAX_STEPS:
         assert st["opt"][0] > _lm.opt_tol(2.2e-16)

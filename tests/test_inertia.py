@@ -30,12 +30,19 @@ RHO = 1000.0
 
 def _moments_cylindrical(r_in, r_out, length):
     """Mass, axial and transverse moments of a tube by quadrature of rho dV (axis z)."""
+
     # integrand * r (Jacobian of cylindrical coordinates), integrated over r, phi, z
     def q(f):
         val, _ = integrate.tplquad(
             lambda z, phi, r: RHO * f(r, phi, z) * r,
-            r_in, r_out, 0, 2 * np.pi, -length / 2, length / 2,
-            epsabs=1e-12, epsrel=1e-11,
+            r_in,
+            r_out,
+            0,
+            2 * np.pi,
+            -length / 2,
+            length / 2,
+            epsabs=1e-12,
+            epsrel=1e-11,
         )
         return val
 
@@ -49,8 +56,14 @@ def _moments_spherical(r_in, r_out):
     def q(f):
         val, _ = integrate.tplquad(
             lambda th, ph, r: RHO * f(r, th, ph) * r * r * np.sin(th),
-            r_in, r_out, 0, 2 * np.pi, 0, np.pi,
-            epsabs=1e-12, epsrel=1e-11,
+            r_in,
+            r_out,
+            0,
+            2 * np.pi,
+            0,
+            np.pi,
+            epsabs=1e-12,
+            epsrel=1e-11,
         )
         return val
 
@@ -137,7 +150,9 @@ def test_composite_against_voxels_and_sum():
     M = dm.sum()
     com = (dm[:, None] * P).sum(0) / M
     D = P - com
-    J = np.einsum("n,nij->ij", dm, np.einsum("ni,ni->n", D, D)[:, None, None] * np.eye(3) - np.einsum("ni,nj->nij", D, D))
+    J = np.einsum(
+        "n,nij->ij", dm, np.einsum("ni,ni->n", D, D)[:, None, None] * np.eye(3) - np.einsum("ni,nj->nij", D, D)
+    )
     assert float(total.mass) == pytest.approx(M, rel=1e-12)
     np.testing.assert_allclose(np.asarray(total.com), com, atol=1e-12)
     # 60 voxels per edge: the midpoint rule misses 1/60^2 = 2.8e-4 of each part's own moments
@@ -161,11 +176,16 @@ def test_parallel_axis_trace_and_rotation_invariants():
     # rotation: eigenvalues invariant, com rotated, tensor = R I R^T
     R = Rotation.from_rotvec([0.3, -1.1, 0.7]).as_matrix()
     moved = part.translated(d).rotated(R)
-    np.testing.assert_allclose(np.linalg.eigvalsh(np.asarray(moved.inertia)), np.linalg.eigvalsh(np.asarray(part.inertia)), rtol=1e-12)
+    np.testing.assert_allclose(
+        np.linalg.eigvalsh(np.asarray(moved.inertia)), np.linalg.eigvalsh(np.asarray(part.inertia)), rtol=1e-12
+    )
     np.testing.assert_allclose(np.asarray(moved.com), R @ d, atol=1e-15)
     # inertia about the frame origin of a rotated part = rotation of the unrotated one
     np.testing.assert_allclose(
-        np.asarray(moved.inertia_about()), R @ np.asarray(part.translated(d).inertia_about()) @ R.T, rtol=1e-12, atol=1e-15
+        np.asarray(moved.inertia_about()),
+        R @ np.asarray(part.translated(d).inertia_about()) @ R.T,
+        rtol=1e-12,
+        atol=1e-15,
     )
 
 

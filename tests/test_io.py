@@ -103,7 +103,9 @@ def _rows(n=50, dt=0.01, jitter=True):
 
 def test_small_export_windows_whitespace_and_jitter(tmp_path):
     rows, t = _rows()
-    d = _export(tmp_path / "a b", rows, [" 0 , 0.05 , 0.2 , , first", "1,0.25,0.4,false,dropped", "2, 0.3 ,0.45, TRUE ,third"])
+    d = _export(
+        tmp_path / "a b", rows, [" 0 , 0.05 , 0.2 , , first", "1,0.25,0.4,false,dropped", "2, 0.3 ,0.45, TRUE ,third"]
+    )
     segs = load_phyphox(d)
     assert [s.index for s in segs] == [0, 2] and [s.comment for s in segs] == ["first", "third"]
     sel = (t >= 0.05) & (t <= 0.2)
@@ -123,7 +125,10 @@ def test_no_segments_file_is_one_segment(tmp_path):
 @pytest.mark.parametrize(
     "mutate, pattern",
     [
-        (lambda r: r[:5] + ["0.06,abc,0,0,0"] + r[6:], r"line 7, column 'Gyroscope x \(rad/s\)': non-numeric cell 'abc'"),
+        (
+            lambda r: r[:5] + ["0.06,abc,0,0,0"] + r[6:],
+            r"line 7, column 'Gyroscope x \(rad/s\)': non-numeric cell 'abc'",
+        ),
         (lambda r: r[:3] + ["0.04,NaN,0,0,0"] + r[4:], r"line 5, column 'Gyroscope x \(rad/s\)': NaN"),
         (lambda r: r[:3] + ["0.04,,0,0,0"] + r[4:], r"line 5, column 'Gyroscope x \(rad/s\)': empty cell"),
         (lambda r: r[:10] + [r[8]] + r[11:], r"line 12, column 'Time \(s\)': time must be strictly increasing"),
@@ -139,7 +144,9 @@ def test_malformed_raw_data(tmp_path, mutate, pattern):
 
 def test_missing_column(tmp_path):
     rows, _ = _rows()
-    d = _export(tmp_path, [r.rsplit(",", 2)[0] for r in rows], header='"Time (s)","Gyroscope x (rad/s)","Gyroscope y (rad/s)"')
+    d = _export(
+        tmp_path, [r.rsplit(",", 2)[0] for r in rows], header='"Time (s)","Gyroscope x (rad/s)","Gyroscope y (rad/s)"'
+    )
     with pytest.raises(DataError, match=r"Raw Data.csv, line 1: missing column\(s\) \['Gyroscope z \(rad/s\)'\]"):
         load_phyphox(d)
 
@@ -148,7 +155,10 @@ def test_missing_column(tmp_path):
     "segments, pattern",
     [
         (["0,0.2,0.205,,empty"], r"segments.csv, line 2, column 'start': window \[0.2, 0.205\] s holds [01] sample"),
-        (["0,0.1,0.2,,ok", "1,0.3,9.0,,late"], r"segments.csv, line 3, column 'end': window \[0.3, 9.0\] s lies outside"),
+        (
+            ["0,0.1,0.2,,ok", "1,0.3,9.0,,late"],
+            r"segments.csv, line 3, column 'end': window \[0.3, 9.0\] s lies outside",
+        ),
         (["0,-5,-4,,early"], r"line 2, column 'start': .* lies outside"),
         (["0,0.3,0.2,,reversed"], r"line 2, column 'end': window end 0.2 s is not after start 0.3 s"),
         (["0,zero,0.2,,bad"], r"line 2, column 'start': expected a time in s; got 'zero'"),

@@ -178,7 +178,6 @@ def _batched(tree, N):
 
 def test_vmapped_ep_and_vi_steps_have_no_lapack():
     import rigidjax as rj
-    import rigidjax as rj
     from rigidjax import euler_parameters as ep
     from rigidjax import systems
     from rigidjax.variational import vi_step
@@ -201,7 +200,6 @@ def test_vmapped_ep_and_vi_steps_have_no_lapack():
     txt = jax.jit(vi_val_grad).lower(vs, jnp.full((4,), 1e-3)).as_text()
     assert "while" in txt
     assert not _lapack_targets(txt)
-
 
 
 def test_solve_components_matches_numpy_and_hand_pivots():
@@ -227,7 +225,9 @@ def test_solve_components_matches_numpy_and_hand_pivots():
     assert np.all(err <= 4 * n * cond * np.finfo(np.float64).eps), (err / (n * cond * np.finfo(float).eps)).max()
     # the hand-checked pivot sequence of test_pivoting_zero_leading_pivot, scalar entries
     A3 = [[0.0, 2.0, 1.0], [1.0, 1.0, 0.0], [3.0, 0.0, 1.0]]
-    x3, piv3 = solve_components([[jnp.asarray(a) for a in row] for row in A3], [jnp.asarray(v) for v in (1.0, 2.0, 3.0)])
+    x3, piv3 = solve_components(
+        [[jnp.asarray(a) for a in row] for row in A3], [jnp.asarray(v) for v in (1.0, 2.0, 3.0)]
+    )
     np.testing.assert_allclose(piv3, [3.0, 2.0, 5.0 / 6.0], rtol=4 * np.finfo(float).eps)
     np.testing.assert_allclose(x3, np.linalg.solve(np.array(A3), [1.0, 2.0, 3.0]), atol=1e-14)
     with pytest.raises(ValueError, match="n rows of n entries"):
@@ -313,8 +313,12 @@ def test_factors_solve_further_right_hand_sides():
             continue
         Ac = [[jnp.asarray(A[:, i, j]) for j in range(n)] for i in range(n)]
         for mb in (False, True):
-            _, _, f = jax.jit(lambda Ac, b: solve_components(Ac, b, materialize_b=mb, factors=True))(Ac, [jnp.asarray(b[:, i]) for i in range(n)])
-            check(np.stack(jax.jit(lu_solve_components)(f, [jnp.asarray(c[:, i, 0]) for i in range(n)]), -1), ref[..., 0])
+            _, _, f = jax.jit(lambda Ac, b: solve_components(Ac, b, materialize_b=mb, factors=True))(
+                Ac, [jnp.asarray(b[:, i]) for i in range(n)]
+            )
+            check(
+                np.stack(jax.jit(lu_solve_components)(f, [jnp.asarray(c[:, i, 0]) for i in range(n)]), -1), ref[..., 0]
+            )
     # n = 0: three outputs with factors=True; batch axes kept (empty factors)
     assert len(solve_components([], [], factors=True)) == 3
     lu0, piv0 = lu_factor_small(jnp.zeros((3, 0, 0)))
@@ -355,8 +359,10 @@ def test_lapack_method_is_an_option():
         assert _lapack_targets(lowered.as_text())
         lu, piv = linalg.lu_factor_small(jnp.asarray(A), method="lapack")
         np.testing.assert_allclose(np.asarray(piv), np.asarray(solve_small_pivots(A, b)[1]), rtol=1e-12)
-        assert np.all(np.linalg.norm(np.asarray(linalg.lu_solve_small(lu, jnp.asarray(b)) - x_e), axis=-1)
-                      <= bound * np.linalg.norm(np.asarray(x_e), axis=-1))
+        assert np.all(
+            np.linalg.norm(np.asarray(linalg.lu_solve_small(lu, jnp.asarray(b)) - x_e), axis=-1)
+            <= bound * np.linalg.norm(np.asarray(x_e), axis=-1)
+        )
     with pytest.raises(ValueError, match="method"):
         solve_small(jnp.eye(2), jnp.ones(2), method="lu")
 

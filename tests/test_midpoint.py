@@ -38,13 +38,17 @@ def test_gyroscopic_jacobian_equals_jacfwd():
         np.testing.assert_allclose(K, K_ad, rtol=1e-12, atol=1e-12 * float(jnp.abs(K_ad).max()))
     # principal moments given as (3,) give the same K as the diagonal tensor
     w = jnp.array([0.3, -1.0, 2.0])
-    np.testing.assert_allclose(rj.gyroscopic_jacobian(jnp.array(I_RACKET), w), rj.gyroscopic_jacobian(jnp.diag(jnp.array(I_RACKET)), w))
+    np.testing.assert_allclose(
+        rj.gyroscopic_jacobian(jnp.array(I_RACKET), w), rj.gyroscopic_jacobian(jnp.diag(jnp.array(I_RACKET)), w)
+    )
 
 
 def _run(dt, t_end, attitude="new", inertia=I_RACKET, omega0=W_RACKET):
     body = rj.RigidBody(1.0, inertia)
     n = int(round(t_end / dt))
-    tr = rj.rollout(partial(rj.midpoint_step, attitude=attitude), body, rj.RigidBodyState(angular_velocity=omega0), dt, n)
+    tr = rj.rollout(
+        partial(rj.midpoint_step, attitude=attitude), body, rj.RigidBodyState(angular_velocity=omega0), dt, n
+    )
     return body, tr, np.arange(n + 1) * dt
 
 
@@ -239,7 +243,9 @@ def test_angular_velocity_step_is_the_full_steps_rotation_block():
     R = jnp.zeros((6, 6)).at[:3, :3].set(0.3 * jnp.eye(3)).at[3:, 3:].set(D)
     state = rj.RigidBodyState(angular_velocity=w, velocity=[1.0, 2.0, 3.0])
     full, _ = rj.midpoint_step(rj.RigidBody(2.0, I, resistance=R), state, jnp.concatenate([jnp.zeros(3), tau]), 0.01)
-    np.testing.assert_allclose(angular_velocity_step(I, w, 0.01, damping=D, torque=tau), full.angular_velocity, rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(
+        angular_velocity_step(I, w, 0.01, damping=D, torque=tau), full.angular_velocity, rtol=1e-14, atol=1e-14
+    )
     f = jax.jit(lambda m: angular_velocity_step(m, w, 0.05, damping=jnp.full(3, 0.1)))
     m0 = jnp.array([1.0, 2.0, 3.0])
     J = jax.jacfwd(f)(m0)

@@ -31,7 +31,9 @@ def _random_body(rng, batch=(), coupled=True, dtype=np.float64):
         resistance.append(R)
     shape = lambda a, tail: np.asarray(a).reshape(batch + tail).astype(dtype)  # noqa: E731
     mass = shape(rng.uniform(0.5, 3.0, n), ())
-    return rj.RigidBody(mass, shape(inertia, (3, 3)), resistance=shape(resistance, (6, 6)), gravity=shape(rng.normal(size=(n, 3)), (3,)))
+    return rj.RigidBody(
+        mass, shape(inertia, (3, 3)), resistance=shape(resistance, (6, 6)), gravity=shape(rng.normal(size=(n, 3)), (3,))
+    )
 
 
 _solve = jax.jit(mp.step_solve)
@@ -89,7 +91,9 @@ def test_midpoint_step_satisfies_seed_equation(dtype):
     V1 = state.twist + dV
     scale = float(jnp.abs(V1).max())
     np.testing.assert_allclose(np.asarray(new.twist), np.asarray(V1), rtol=0, atol=TOL[dtype] * scale * 10)
-    np.testing.assert_allclose(np.asarray(new.position), np.asarray(state.position + dt * V1[..., :3]), rtol=0, atol=TOL[dtype] * 10)
+    np.testing.assert_allclose(
+        np.asarray(new.position), np.asarray(state.position + dt * V1[..., :3]), rtol=0, atol=TOL[dtype] * 10
+    )
     q_want = rj.so3.normalize(rj.so3.multiply(state.orientation, rj.so3.exp(dt * 0.5 * (w + V1[..., 3:]))))
     np.testing.assert_allclose(np.asarray(new.orientation), np.asarray(q_want), rtol=0, atol=TOL[dtype] * 10)
     assert new.orientation.dtype == jnp.dtype(dtype)

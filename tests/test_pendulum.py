@@ -31,8 +31,13 @@ def _swing(seed=1, n=450, axis=0, hold=0.0):
     t = 3.0 + np.cumsum(0.01 + 0.002 * rng.uniform(size=n))
     free = t >= t[0] + hold
     sol = solve_ivp(
-        lambda s, y: [y[1], -(W0**2) * np.sin(y[0]) - C * y[1]], (t[free][0], t[-1]), [TH0, RATE0 if not hold else 0.0],
-        t_eval=t[free], method="DOP853", rtol=1e-12, atol=1e-13,
+        lambda s, y: [y[1], -(W0**2) * np.sin(y[0]) - C * y[1]],
+        (t[free][0], t[-1]),
+        [TH0, RATE0 if not hold else 0.0],
+        t_eval=t[free],
+        method="DOP853",
+        rtol=1e-12,
+        atol=1e-13,
     )
     rate = np.zeros(n)
     rate[free] = sol.y[1]
@@ -68,8 +73,15 @@ def test_frequency_free_of_the_midpoint_warping(hz):
     frequency warping (omega dt / 2 against atan(omega dt / 2), 1.6e-4 relative at 100 Hz) is
     corrected; what remains is below 2e-5 (the fit's step in the damping and amplitude)."""
     t = 3.0 + np.arange(int(4.5 * hz)) / hz
-    sol = solve_ivp(lambda s, y: [y[1], -(W0**2) * np.sin(y[0]) - C * y[1]], (t[0], t[-1]), [TH0, RATE0],
-                    t_eval=t, method="DOP853", rtol=1e-12, atol=1e-13)
+    sol = solve_ivp(
+        lambda s, y: [y[1], -(W0**2) * np.sin(y[0]) - C * y[1]],
+        (t[0], t[-1]),
+        [TH0, RATE0],
+        t_eval=t,
+        method="DOP853",
+        rtol=1e-12,
+        atol=1e-13,
+    )
     omega = np.zeros((t.size, 3))
     omega[:, 0] = sol.y[1]
     fit = fit_pendulum(t, omega, pad_to=450)
@@ -116,7 +128,20 @@ def test_command_line(tmp_path, capsys):
     csv = tmp_path / "swing.csv"
     csv.write_text("t,wx,wy,wz\n" + "\n".join(",".join(repr(float(v)) for v in (a, *w)) for a, w in zip(t, omega)))
     out = tmp_path / "p.json"
-    code = main(["fit-pendulum", str(csv), "--mass", "0.5", "--pivot-distance", "0.4", "--json", str(out), "--plot", str(tmp_path / "p.png")])
+    code = main(
+        [
+            "fit-pendulum",
+            str(csv),
+            "--mass",
+            "0.5",
+            "--pivot-distance",
+            "0.4",
+            "--json",
+            str(out),
+            "--plot",
+            str(tmp_path / "p.png"),
+        ]
+    )
     printed = capsys.readouterr().out
     assert code == 0, printed
     assert "period (s)" in printed and "I_pivot" in printed and "status: converged" in printed
@@ -143,7 +168,18 @@ def test_real_recordings(racquet_dir, capsys):
     s, and the free-pendulum fit leaves 0.2-0.35 rad/s there against ~0.01 elsewhere): flagged."""
     from rigidjax.cli import main
 
-    code = main(["fit-pendulum", str(racquet_dir / "pendulum"), "--mass", str(RACQUET_MASS), "--pivot-distance", str(RACQUET_PIVOT_DISTANCE), "--json", "/dev/null"])
+    code = main(
+        [
+            "fit-pendulum",
+            str(racquet_dir / "pendulum"),
+            "--mass",
+            str(RACQUET_MASS),
+            "--pivot-distance",
+            str(RACQUET_PIVOT_DISTANCE),
+            "--json",
+            "/dev/null",
+        ]
+    )
     printed = capsys.readouterr()
     assert code == 1  # two windows are not free swings: named, left out
     assert printed.err.count("not_free") == 2 and "14-40-38 #0" in printed.err and "14-40-38 #7" in printed.err

@@ -18,7 +18,13 @@ def test_torque_free_omega_matches_dop853(seed):
     I = rng.permutation(np.sort(rng.uniform(1, 2, 3)))  # permuted: exercises handedness
     if seed == 4:
         I[0] = I[1]  # symmetric top branch
-    J = np.diag(I) if seed % 2 == 0 else Rotation.random(random_state=seed).as_matrix() @ np.diag(I) @ Rotation.random(random_state=seed).as_matrix().T
+    J = (
+        np.diag(I)
+        if seed % 2 == 0
+        else Rotation.random(random_state=seed).as_matrix()
+        @ np.diag(I)
+        @ Rotation.random(random_state=seed).as_matrix().T
+    )
     w0 = rng.normal(size=3) * 2
     t = np.linspace(0, 5, 40)
     exact = reference.torque_free_omega(J, w0, t)
@@ -40,7 +46,18 @@ def test_euler_omega_with_drag_against_closed_forms():
     w = reference.euler_omega([2.0, 2.0, 2.0], [1.0, -2.0, 0.5], t, damping=0.3)
     np.testing.assert_allclose(w, np.exp(-0.15 * t)[:, None] * [1.0, -2.0, 0.5], rtol=1e-8)
     t2 = 5.0 + np.cumsum(np.full(40, 0.013))
-    J2 = Rotation.from_rotvec([0.1, -0.2, 0.3]).as_matrix() @ np.diag([1.0, 1.5, 2.2]) @ Rotation.from_rotvec([0.1, -0.2, 0.3]).as_matrix().T
-    both = reference.euler_omega(np.stack([np.diag(I), J2]), np.stack([w0, [3.0, 0.2, -1.0]]), [t, t2], damping=np.array([[0.0] * 3, [0.1, 0.2, 0.05]]))
+    J2 = (
+        Rotation.from_rotvec([0.1, -0.2, 0.3]).as_matrix()
+        @ np.diag([1.0, 1.5, 2.2])
+        @ Rotation.from_rotvec([0.1, -0.2, 0.3]).as_matrix().T
+    )
+    both = reference.euler_omega(
+        np.stack([np.diag(I), J2]),
+        np.stack([w0, [3.0, 0.2, -1.0]]),
+        [t, t2],
+        damping=np.array([[0.0] * 3, [0.1, 0.2, 0.05]]),
+    )
     np.testing.assert_allclose(both[0], reference.torque_free_omega(I, w0, t), atol=1e-8)
-    np.testing.assert_allclose(both[1], reference.euler_omega(J2, [3.0, 0.2, -1.0], t2, damping=[0.1, 0.2, 0.05]), atol=1e-8)
+    np.testing.assert_allclose(
+        both[1], reference.euler_omega(J2, [3.0, 0.2, -1.0], t2, damping=[0.1, 0.2, 0.05]), atol=1e-8
+    )

@@ -20,7 +20,9 @@ def _loss(params):
     body = rj.RigidBody(mass, inertia, resistance=resistance, gravity=jnp.array([0.0, 0.0, -9.81]))
     s0 = rj.RigidBodyState(velocity=v0, angular_velocity=w0, orientation=q0)
     wrench = jnp.array([0.3, 0.1, 0.0, 0.05, -0.02, 0.01])
-    tr = rj.rollout(partial(rj.midpoint_step, attitude="midpoint"), body, s0, DT, N, loads=lambda t, s: wrench * jnp.cos(3 * t))
+    tr = rj.rollout(
+        partial(rj.midpoint_step, attitude="midpoint"), body, s0, DT, N, loads=lambda t, s: wrench * jnp.cos(3 * t)
+    )
     end = jax.tree_util.tree_map(lambda a: a[-1], tr.states)
     # touches every output: position, velocity, rates, attitude (via a rotated vector)
     return (
@@ -62,7 +64,19 @@ def test_gradient_matches_central_differences(w0):
     grads = jax.jit(jax.grad(_loss))(params)
     for g in grads:
         assert np.all(np.isfinite(np.asarray(g)))
-    checks = [(0, ()), (1, (0, 0)), (1, (1, 2)), (1, (2, 2)), (2, (0, 0)), (2, (3, 4)), (2, (5, 5)), (3, (2,)), (4, (0,)), (4, (1,)), (4, (2,))]
+    checks = [
+        (0, ()),
+        (1, (0, 0)),
+        (1, (1, 2)),
+        (1, (2, 2)),
+        (2, (0, 0)),
+        (2, (3, 4)),
+        (2, (5, 5)),
+        (3, (2,)),
+        (4, (0,)),
+        (4, (1,)),
+        (4, (2,)),
+    ]
     for i, idx in checks:
         h = 1e-6
         fd = _central_fd(loss, params, i, idx, h)
@@ -105,10 +119,14 @@ def test_ensemble_vmap_over_bodies_states_and_loads():
         b = jax.tree_util.tree_map(lambda a: a[k], bodies)
         s = jax.tree_util.tree_map(lambda a: a[k], states)
         single = rj.rollout(rj.midpoint_step, b, s, DT, N, loads=loads[k])
-        np.testing.assert_allclose(ens.states.angular_velocity[k], single.states.angular_velocity, rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(
+            ens.states.angular_velocity[k], single.states.angular_velocity, rtol=1e-12, atol=1e-14
+        )
     # the same ensemble passed as batched pytrees without vmap broadcasts too
     direct = rj.rollout(rj.midpoint_step, bodies, states, DT, N, loads=jnp.swapaxes(loads, 0, 1))
-    np.testing.assert_allclose(jnp.swapaxes(direct.states.angular_velocity, 0, 1), ens.states.angular_velocity, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(
+        jnp.swapaxes(direct.states.angular_velocity, 0, 1), ens.states.angular_velocity, rtol=1e-12, atol=1e-14
+    )
 
 
 def test_failure_reported_per_member_and_frozen():
@@ -119,7 +137,9 @@ def test_failure_reported_per_member_and_frozen():
     status = np.asarray(ens.info.status)
     assert np.all(status[[0, 2]] == rj.Status.SUCCESS)
     assert np.all(status[1, :7] == rj.Status.SUCCESS) and np.all(status[1, 7:] == rj.Status.NONFINITE)
-    np.testing.assert_array_equal(ens.states.angular_velocity[1, 8:], np.broadcast_to(ens.states.angular_velocity[1, 7], (13, 3)))
+    np.testing.assert_array_equal(
+        ens.states.angular_velocity[1, 8:], np.broadcast_to(ens.states.angular_velocity[1, 7], (13, 3))
+    )
     assert list(np.asarray(ens.info.converged.all(axis=1))) == [True, False, True]
     with pytest.raises(rj.StepFailure, match=r"NONFINITE at index \(1, 7\)"):
         rj.check(eqx.tree_at(lambda i: i.status, ens.info, ens.info.status))
@@ -182,11 +202,17 @@ def test_wrong_model_or_state_kind_names_the_stepper():
     pend = systems.pendulum()
     vs = rj.vi_state(pend, jnp.array([0.3]), jnp.array([0.0]))
     for call, msg in (
-        (lambda: rj.midpoint_step(pend, s, None, 0.01), "midpoint_step: model must be a rigidjax.RigidBody; got a MechanicalSystem: a MechanicalSystem steps with rigidjax.vi_step"),
+        (
+            lambda: rj.midpoint_step(pend, s, None, 0.01),
+            "midpoint_step: model must be a rigidjax.RigidBody; got a MechanicalSystem: a MechanicalSystem steps with rigidjax.vi_step",
+        ),
         (lambda: rj.rollout(rj.midpoint_step, pend, s, 0.01, 3), "midpoint_step: model must be a rigidjax.RigidBody"),
         (lambda: rj.midpoint_step(body, vs, None, 0.01), "state must be a rigidjax.RigidBodyState; got a VIState"),
         (lambda: rj.ep_step(body, s, None, 0.01), "ep_step: model must be a rigidjax.EPModel; got a RigidBody"),
-        (lambda: rj.vi_step(body, vs, None, 0.01), "vi_step: model must be a rigidjax.MechanicalSystem; got a RigidBody"),
+        (
+            lambda: rj.vi_step(body, vs, None, 0.01),
+            "vi_step: model must be a rigidjax.MechanicalSystem; got a RigidBody",
+        ),
         (lambda: rj.rollout(rj.vi_step, body, vs, 0.01, 3), "vi_step: model must be"),
     ):
         with pytest.raises(TypeError, match=re.escape(msg)):
@@ -208,7 +234,9 @@ def test_time_does_not_drift():
 
     n, dt = 100_000, np.float32(1e-3)
     body32 = rj.RigidBody(jnp.float32(1.0), jnp.array([1.0, 2.0, 3.0], jnp.float32))
-    s32 = jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), rj.RigidBodyState(angular_velocity=jnp.array([0.1, 2.0, 0.0])))
+    s32 = jax.tree_util.tree_map(
+        lambda a: a.astype(jnp.float32), rj.RigidBodyState(angular_velocity=jnp.array([0.1, 2.0, 0.0]))
+    )
     t = float(rj.rollout(rj.midpoint_step, body32, s32, dt, n, save_every=n).states.time[-1])
     exact = np.float32(n * np.float64(dt))
     assert abs(t - exact) <= 4 * np.spacing(exact), (t, exact)
@@ -220,7 +248,11 @@ def test_time_does_not_drift():
     system = systems.rigid_body(body)
     runs = {
         "midpoint": (rj.midpoint_step, body, s),
-        "euler-parameters": (ep.ep_step, model, ep.initial_state(model, angular_velocity=s.angular_velocity[None], time=0.25)),
+        "euler-parameters": (
+            ep.ep_step,
+            model,
+            ep.initial_state(model, angular_velocity=s.angular_velocity[None], time=0.25),
+        ),
         "variational": (rj.vi_step, system, systems.rigid_body_vi_state(system, s)),
     }
     exact = 0.25 + n * dt

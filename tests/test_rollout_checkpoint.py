@@ -36,7 +36,9 @@ def _light_step(model, state, wrench, dt):
         time=state.time + dt,
     )
     z = jnp.zeros_like(state.time)
-    return new, make_info(jnp.zeros(jnp.shape(z), jnp.int32), jnp.ones(jnp.shape(z), jnp.int32), z, dt * rj.so3.safe_norm(w))
+    return new, make_info(
+        jnp.zeros(jnp.shape(z), jnp.int32), jnp.ones(jnp.shape(z), jnp.int32), z, dt * rj.so3.safe_norm(w)
+    )
 
 
 def _loss(inertia, omega0, k, dt=0.01):

@@ -28,7 +28,9 @@ def generic(model, state, load, dt):
 
 
 def _ensemble(E=3):
-    body = rj.RigidBody(mass=jnp.array([1.0, 2.0, 0.5][:E]), inertia=jnp.array([[1.0, 2.0, 3.0]] * E)[..., None] * jnp.eye(3))
+    body = rj.RigidBody(
+        mass=jnp.array([1.0, 2.0, 0.5][:E]), inertia=jnp.array([[1.0, 2.0, 3.0]] * E)[..., None] * jnp.eye(3)
+    )
     w = jnp.array([[0.01, 2.0, 0.0], [1.0, -0.5, 0.3], [0.2, 0.1, 4.0]][:E])
     state = rj.RigidBodyState(
         position=jnp.zeros((E, 3)),
@@ -81,7 +83,10 @@ def test_fast_path_equals_generic_path(runs):
     st = np.asarray(fast.info.status)
     assert (st[12:, 1] == Status.NONFINITE).all() and (st[:12, 1] != Status.NONFINITE).all()
     assert np.isin(st[:, [0, 2]], [Status.SUCCESS, Status.ROTATION_LIMIT]).all()
-    np.testing.assert_array_equal(np.asarray(fast.states.angular_velocity[13:, 1]), np.asarray(fast.states.angular_velocity[12, 1])[None].repeat(11, 0))
+    np.testing.assert_array_equal(
+        np.asarray(fast.states.angular_velocity[13:, 1]),
+        np.asarray(fast.states.angular_velocity[12, 1])[None].repeat(11, 0),
+    )
 
 
 def test_save_every_thins_the_trajectory(runs):
@@ -97,7 +102,11 @@ def test_save_every_thins_the_trajectory(runs):
         for m in range(3):
             codes = st[lo:hi, m]
             fail = [c for c in codes if c in (1, 2, 3)]
-            want = fail[-1] if fail else (Status.ROTATION_LIMIT if (codes == Status.ROTATION_LIMIT).any() else Status.SUCCESS)
+            want = (
+                fail[-1]
+                if fail
+                else (Status.ROTATION_LIMIT if (codes == Status.ROTATION_LIMIT).any() else Status.SUCCESS)
+            )
             assert int(saved.info.status[j, m]) == int(want), (j, m, codes)
     assert int(saved.info.status[2, 1]) == Status.NONFINITE and int(saved.info.status[4, 1]) == Status.NONFINITE
     # member 2 spins at 4 rad/s: |omega| dt = 0.04 < 0.05 ... member-wise flags are exercised below

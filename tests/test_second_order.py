@@ -37,8 +37,12 @@ def _generic(step):
 
 
 def _body(i2):
-    return rj.RigidBody(1.3, jnp.diag(jnp.stack([jnp.ones_like(i2), i2, 2.5 * jnp.ones_like(i2)])),
-                        resistance=0.05 * jnp.eye(6), gravity=jnp.array([0.0, 0.0, -9.81]))
+    return rj.RigidBody(
+        1.3,
+        jnp.diag(jnp.stack([jnp.ones_like(i2), i2, 2.5 * jnp.ones_like(i2)])),
+        resistance=0.05 * jnp.eye(6),
+        gravity=jnp.array([0.0, 0.0, -9.81]),
+    )
 
 
 def _midpoint(step):
@@ -109,7 +113,9 @@ def test_second_derivatives_agree_in_every_mode_and_with_differences(case):
     g = jax.jit(jax.grad(f))
     e = 1e-5
     fd = np.stack([(np.asarray(g(p.at[i].add(e))) - np.asarray(g(p.at[i].add(-e)))) / (2 * e) for i in range(p.size)])
-    np.testing.assert_allclose(ref, fd, rtol=0, atol=1e-7 * scale, err_msg=f"{case}: jax.hessian vs central differences")
+    np.testing.assert_allclose(
+        ref, fd, rtol=0, atol=1e-7 * scale, err_msg=f"{case}: jax.hessian vs central differences"
+    )
     # and symmetric, as a Hessian is
     np.testing.assert_allclose(ref, ref.T, rtol=0, atol=1e-9 * scale)
 

@@ -69,7 +69,9 @@ def test_hat_vee():
 
 @pytest.mark.parametrize("name", ["zero", "half_turn", "generic"])
 def test_gradients_finite_at_singular_points(name):
-    phi = {"zero": jnp.zeros(3), "half_turn": jnp.array([np.pi, 0.0, 0.0]), "generic": jnp.array([0.2, -0.1, 0.4])}[name]
+    phi = {"zero": jnp.zeros(3), "half_turn": jnp.array([np.pi, 0.0, 0.0]), "generic": jnp.array([0.2, -0.1, 0.4])}[
+        name
+    ]
     funcs = [
         lambda p: so3.exp(p).sum(),
         lambda p: so3.log(so3.exp(p)).sum(),

@@ -142,11 +142,16 @@ def test_forcing_split_order_with_damping():
     system = systems.pendulum(1.0, 1.0, G, damping=0.5)
     state = vi_state(system, jnp.array([1.0]), jnp.array([0.0]))
     T = 2.0
-    sol = solve_ivp(lambda s, y: [y[1], -G * np.sin(y[0]) - 0.5 * y[1]], (0, T), [1.0, 0.0], method="DOP853", rtol=1e-12, atol=1e-13)
+    sol = solve_ivp(
+        lambda s, y: [y[1], -G * np.sin(y[0]) - 0.5 * y[1]], (0, T), [1.0, 0.0], method="DOP853", rtol=1e-12, atol=1e-13
+    )
     exact = sol.y[0, -1]
     for split, order in (("symmetric", 2.0), ("left", 1.0)):
         step = jax.jit(functools.partial(rollout, functools.partial(vi_step, forcing_split=split)), static_argnums=(3,))
-        errs = [abs(float(step(system, state, dt, 400).states.q[int(round(T / dt)), 0]) - exact) for dt in (0.02, 0.01, 0.005)]
+        errs = [
+            abs(float(step(system, state, dt, 400).states.q[int(round(T / dt)), 0]) - exact)
+            for dt in (0.02, 0.01, 0.005)
+        ]
         orders = np.log2(np.array(errs[:-1]) / np.array(errs[1:]))
         # observed order within 0.2 of the nominal one (asymptotic regime)
         assert np.all(np.abs(orders - order) < 0.2), (split, errs, orders)
@@ -212,7 +217,9 @@ def test_free_rigid_body_vs_exact_elliptic_solution():
     system = systems.rigid_body(body)
     w0 = np.array([0.3, 0.2, 1.0])  # rotation mainly about the major axis (stable branch)
     q_world = np.array([np.cos(0.2), np.sin(0.2), 0.0, 0.0])
-    st = systems.rigid_body_vi_state(system, RigidBodyState(orientation=q_world, angular_velocity=w0, velocity=[0.1, 0, 0]))
+    st = systems.rigid_body_vi_state(
+        system, RigidBodyState(orientation=q_world, angular_velocity=w0, velocity=[0.1, 0, 0])
+    )
     errs = []
     for dt in (0.02, 0.01):
         tr = run(system, st, dt, 300)  # same n: one compile; compare on the common window t <= 3 s
@@ -352,7 +359,9 @@ def test_linearization_first_and_second_derivatives():
     def Fz(z):
         """The discrete map as one vector function of z = (q1, p1, rho)."""
         q1, p1, r = z[:n], z[n : n + nd], z[n + nd :]
-        out = discrete_map(system, q1, p1, None, r if system.kinematic else None, t1=st.time, dt=dt, guess=st.q + dt * st.qdot)
+        out = discrete_map(
+            system, q1, p1, None, r if system.kinematic else None, t1=st.time, dt=dt, guess=st.q + dt * st.qdot
+        )
         return jnp.concatenate(out)
 
     def central(f, z, h):

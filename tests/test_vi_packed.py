@@ -119,7 +119,12 @@ def test_packed_gradient_in_body_parameters_matches_central_differences():
         # inertia diagonal, one resistance entry coupling v_x and omega_y, the mass
         base = _body()
         R = base.resistance.at[0, 4].add(theta[3]).at[4, 0].add(theta[3])
-        body = rj.RigidBody(theta[4], jnp.diag(theta[:3]) + (base.inertia - jnp.diag(jnp.diag(base.inertia))), resistance=R, gravity=base.gravity)
+        body = rj.RigidBody(
+            theta[4],
+            jnp.diag(theta[:3]) + (base.inertia - jnp.diag(jnp.diag(base.inertia))),
+            resistance=R,
+            gravity=base.gravity,
+        )
         system = systems.rigid_body(body)
         tr = rj.rollout(vi_step, system, st, DT, 25)
         w = systems.rigid_body_state(system, jax.tree_util.tree_map(lambda a: a[-1], tr.states)).angular_velocity
@@ -136,7 +141,10 @@ def test_packed_gradient_in_body_parameters_matches_central_differences():
 def test_only_free_rigid_bodies_take_the_packed_path():
     body = _body(0.0)
     assert packed_form(vi_step, systems.rigid_body(body)) is not None
-    assert packed_form(functools.partial(vi_step, forcing_split="symmetric", max_iterations=5), systems.rigid_body(body)) is not None
+    assert (
+        packed_form(functools.partial(vi_step, forcing_split="symmetric", max_iterations=5), systems.rigid_body(body))
+        is not None
+    )
     assert packed_form(vi_step, systems.rigid_body(body, pivot_to_com=[0.0, 0.0, 0.3])) is None
     assert packed_form(vi_step, systems.pendulum()) is None
     assert packed_form(rj.midpoint_step, systems.rigid_body(body)) is None
@@ -148,7 +156,9 @@ def test_only_free_rigid_bodies_take_the_packed_path():
 def test_packed_step_follows_the_state_dtype():
     # float64 model (Python floats under x64), float32 state: vi_step computes in float32; so must the fast path
     system = systems.rigid_body(rj.RigidBody(mass=1.0, inertia=[1.0, 2.0, 3.0]))
-    st = systems.rigid_body_vi_state(system, rj.RigidBodyState(angular_velocity=jnp.array([0.3, 3.0, 0.2], jnp.float32)))
+    st = systems.rigid_body_vi_state(
+        system, rj.RigidBodyState(angular_velocity=jnp.array([0.3, 3.0, 0.2], jnp.float32))
+    )
     one, _ = vi_step(system, st, None, 0.01)
     tr = rj.rollout(vi_step, system, st, 0.01, 1)
     assert tr.states.q.dtype == jnp.float32

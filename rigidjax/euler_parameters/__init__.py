@@ -75,10 +75,21 @@ bodies), :mod:`~rigidjax.euler_parameters.outputs` (:func:`output`).
 """
 
 from .equations import (
-    constraint_residual, energy, euler_parameter_rates, generalized_forces, initial_state, mass_matrix,
+    constraint_residual,
+    energy,
+    euler_parameter_rates,
+    generalized_forces,
+    initial_state,
+    mass_matrix,
 )
 from .model import (
-    EPModel, EPState, GeneralizedAlpha, HolonomicConstraint, SphericalJoint, generalized_alpha, newmark,
+    EPModel,
+    EPState,
+    GeneralizedAlpha,
+    HolonomicConstraint,
+    SphericalJoint,
+    generalized_alpha,
+    newmark,
     rotation_matrix,
 )
 from .outputs import OUTPUT_VARIABLES, output

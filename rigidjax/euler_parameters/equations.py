@@ -16,7 +16,12 @@ from ..numerics import is_concrete
 from .model import EPModel, EPState, TorqueFrame
 
 __all__ = [
-    "euler_parameter_rates", "mass_matrix", "generalized_forces", "constraint_residual", "energy", "initial_state",
+    "euler_parameter_rates",
+    "mass_matrix",
+    "generalized_forces",
+    "constraint_residual",
+    "energy",
+    "initial_state",
 ]
 
 # ----------------------------------------------------------------------------- dynamics
@@ -52,9 +57,7 @@ def mass_matrix(model: EPModel, coordinates_total: jax.Array) -> jax.Array:
     dtype = Mr.dtype
     mt = model.body.mass[:, None, None] * jnp.eye(3, dtype=dtype)
     z = jnp.zeros((model.n_bodies, 3, 4), dtype)
-    blocks = jnp.concatenate(
-        [jnp.concatenate([mt, z], -1), jnp.concatenate([jnp.swapaxes(z, -1, -2), Mr], -1)], -2
-    )
+    blocks = jnp.concatenate([jnp.concatenate([mt, z], -1), jnp.concatenate([jnp.swapaxes(z, -1, -2), Mr], -1)], -2)
     return _block_diag(blocks)
 
 
@@ -200,6 +203,7 @@ def _constraint_jacobian(model: EPModel, x):
 
 def _acceleration_bias(model: EPModel, x, v):
     """``-(d/dt C) v`` (n_multipliers,): the right side of the acceleration-level constraints ``C q_tt = bias``."""
+
     # second directional derivative of the position constraints along v
     def phi(y):
         return _position_constraints(model, y)

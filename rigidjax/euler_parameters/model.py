@@ -13,8 +13,14 @@ from ..body import RigidBody
 from ..numerics import is_concrete
 
 __all__ = [
-    "GeneralizedAlpha", "generalized_alpha", "newmark", "rotation_matrix", "SphericalJoint", "HolonomicConstraint",
-    "EPModel", "EPState",
+    "GeneralizedAlpha",
+    "generalized_alpha",
+    "newmark",
+    "rotation_matrix",
+    "SphericalJoint",
+    "HolonomicConstraint",
+    "EPModel",
+    "EPState",
 ]
 
 EulerConstraint = Literal["position", "velocity", "none"]

@@ -32,7 +32,15 @@ from ..linalg import lu_solve_components, solve_components, solve_small
 from ..linalg import singular as linalg_singular
 from ..numerics import (
     norm3,
-    cross, materialize, materialize_chunks, mv, partial_jvp, static_zero, static_zeros, sum_nonzero, where_tree,
+    cross,
+    materialize,
+    materialize_chunks,
+    mv,
+    partial_jvp,
+    static_zero,
+    static_zeros,
+    sum_nonzero,
+    where_tree,
 )
 from .equations import _check_state_shape, _default_tol, _wrench_array
 from .model import EPModel, EPState
@@ -98,8 +106,19 @@ def _unpack_ep(carry: EPCarry, like: EPState) -> EPState:
 
 
 def _packed_ep_step(
-    model: EPModel, carry: EPCarry, inputs, dt, active, *, scheme, torque_frame, rtol, atol,
-    max_iterations, max_rotation, stabilized,
+    model: EPModel,
+    carry: EPCarry,
+    inputs,
+    dt,
+    active,
+    *,
+    scheme,
+    torque_frame,
+    rtol,
+    atol,
+    max_iterations,
+    max_rotation,
+    stabilized,
 ):
     """The public step (:class:`~rigidjax.euler_parameters.GeneralizedAlphaEP` with these options)
     on an :class:`EPCarry` of free bodies; ``inputs`` the applied wrench ``(..., nb, 6)`` (force

@@ -15,8 +15,15 @@ from ..linalg import singular as linalg_singular
 from ..numerics import check_kinds, where_tree
 from ..stepper import AbstractStepper, PackedStep
 from .equations import (
-    _check_state_shape, _constraint_force, _default_tol, _dynamics_residual, _n_ep_velocity, _position_constraints,
-    _velocity_constraints, _wrench_array, constraint_residual,
+    _check_state_shape,
+    _constraint_force,
+    _default_tol,
+    _dynamics_residual,
+    _n_ep_velocity,
+    _position_constraints,
+    _velocity_constraints,
+    _wrench_array,
+    constraint_residual,
 )
 from .model import EPModel, EPState, GeneralizedAlpha, TorqueFrame, generalized_alpha
 from .packed import _check_packed, _pack_ep, _packed_ep_step, _unpack_ep
@@ -193,7 +200,10 @@ class GeneralizedAlphaEP(AbstractStepper):
 
         z0 = jnp.concatenate([qtt0.reshape(-1), lam0, jnp.zeros((n_mu,), dtype)])
         z, (iterations, status, res) = newton.solve(
-            residual, z0, update, functools.partial(newton.dense_tangent_solve, method=self.linear_solver),
+            residual,
+            z0,
+            update,
+            functools.partial(newton.dense_tangent_solve, method=self.linear_solver),
             max_iterations=self.max_iterations,
         )
         qtt1, a1, q1, v1, lam1 = unpack(z)
@@ -240,8 +250,14 @@ class GeneralizedAlphaEP(AbstractStepper):
             pack=_pack_ep,
             unpack=_unpack_ep,
             step=functools.partial(
-                _packed_ep_step, scheme=self.scheme, torque_frame=self.torque_frame, rtol=self.rtol, atol=self.atol,
-                max_iterations=self.max_iterations, max_rotation=self.max_rotation, stabilized=self.stabilized,
+                _packed_ep_step,
+                scheme=self.scheme,
+                torque_frame=self.torque_frame,
+                rtol=self.rtol,
+                atol=self.atol,
+                max_iterations=self.max_iterations,
+                max_rotation=self.max_rotation,
+                stabilized=self.stabilized,
             ),
             check=_check_packed,
         )

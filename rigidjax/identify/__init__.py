@@ -17,6 +17,16 @@ from ._result import EXIT_CODES, FitStatus, InertiaFit, exit_code
 from .pendulum import PendulumFit, fit_pendulum, fit_pendulum_segments
 
 __all__ = [
-    "fit_inertia", "multistart_check", "InertiaFit", "FitStatus", "FitError", "parse_scale", "simulate_omega", "EXIT_CODES", "exit_code",
-    "fit_pendulum", "fit_pendulum_segments", "PendulumFit",
+    "fit_inertia",
+    "multistart_check",
+    "InertiaFit",
+    "FitStatus",
+    "FitError",
+    "parse_scale",
+    "simulate_omega",
+    "EXIT_CODES",
+    "exit_code",
+    "fit_pendulum",
+    "fit_pendulum_segments",
+    "PendulumFit",
 ]

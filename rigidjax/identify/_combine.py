@@ -115,7 +115,12 @@ def window_interval(values, level: float = 0.95):
         return float("nan"), float("nan"), float("nan"), "one window: no scatter between windows to measure"
     if n >= 6:
         lo, hi, cov = median_interval(v, level)
-        return lo, hi, cov, f"order statistics of the {n} window estimates (distribution-free interval of the median, coverage {100 * cov:.1f} %)"
+        return (
+            lo,
+            hi,
+            cov,
+            f"order statistics of the {n} window estimates (distribution-free interval of the median, coverage {100 * cov:.1f} %)",
+        )
     med = float(np.median(v))
     lo, hi = t_interval(med, 1.2533 * float(np.std(v, ddof=1)) / math.sqrt(n), n - 1, level)
     return lo, hi, level, f"median ± Student t of the {n} window estimates (too few windows for order statistics)"
@@ -185,8 +190,10 @@ def consistency(values: dict, keys) -> tuple[list, dict, dict]:
                     stack.append(b)
         groups.append(members)
     summaries = {
-        s: {k: {"median": float(np.exp(med[s][j])), "spread": float(np.exp(med[s][j]) * sp[s][j]), "n": len(logs[s])}
-            for j, k in enumerate(keys)}
+        s: {
+            k: {"median": float(np.exp(med[s][j])), "spread": float(np.exp(med[s][j]) * sp[s][j]), "n": len(logs[s])}
+            for j, k in enumerate(keys)
+        }
         for s in srcs
     }
     if not groups:
@@ -197,9 +204,7 @@ def consistency(values: dict, keys) -> tuple[list, dict, dict]:
     for s in srcs:
         if s in main:
             continue
-        parts = ", ".join(
-            f"{k} {np.exp(med[s][j]):.4g}" for j, k in enumerate(keys)
-        )
+        parts = ", ".join(f"{k} {np.exp(med[s][j]):.4g}" for j, k in enumerate(keys))
         ref = ", ".join(f"{k} {np.exp(pooled_med[j]):.4g}" for j, k in enumerate(keys))
         excluded[s] = (
             f"{len(logs[s])} window(s) give {parts}; the pooled recordings give {ref} (beyond {Z_AGREE:g}x "

@@ -116,4 +116,3 @@ def standard_errors(J: np.ndarray, cov: np.ndarray) -> np.ndarray:
         return np.full(J.shape[0], np.inf)
     var = np.einsum("ij,jk,ik->i", J, cov, J)
     return np.sqrt(np.maximum(var, 0.0))
-

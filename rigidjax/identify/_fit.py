@@ -59,8 +59,18 @@ from ._result import FitStatus, InertiaFit
 from .pendulum import looks_like_pendulum
 from ._joint import _combine_windows, _joint
 from ._windows import (
-    MAX_DURATION, MAX_RATE, MAX_SAMPLES, MIN_SAMPLES, SNR_MIN, _Run, _as_segments, _initial_substeps, _label,
-    _per_window, _quality, _recording_labels,
+    MAX_DURATION,
+    MAX_RATE,
+    MAX_SAMPLES,
+    MIN_SAMPLES,
+    SNR_MIN,
+    _Run,
+    _as_segments,
+    _initial_substeps,
+    _label,
+    _per_window,
+    _quality,
+    _recording_labels,
 )
 
 # ----------------------------------------------------------------------------- main entry
@@ -137,9 +147,16 @@ def fit_inertia(
     segs = _as_segments(segments)
     if drag not in DRAG_KINDS:
         raise FitError(f"drag must be one of {DRAG_KINDS}; got {drag!r}")
-    if substeps != "auto" and not (isinstance(substeps, (int, np.integer)) and not isinstance(substeps, bool) and 1 <= substeps <= 1024):
+    if substeps != "auto" and not (
+        isinstance(substeps, (int, np.integer)) and not isinstance(substeps, bool) and 1 <= substeps <= 1024
+    ):
         raise FitError(f"substeps must be 'auto' or an integer in [1, 1024]; got {substeps!r}")
-    for name, v, lo in (("starts", starts, 1), ("max_steps", max_steps, 1), ("phase1_steps", phase1_steps, 0), ("max_samples", max_samples, MIN_SAMPLES)):
+    for name, v, lo in (
+        ("starts", starts, 1),
+        ("max_steps", max_steps, 1),
+        ("phase1_steps", phase1_steps, 0),
+        ("max_samples", max_samples, MIN_SAMPLES),
+    ):
         if not (isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= lo):
             raise FitError(f"{name} must be an integer >= {lo}; got {v!r}")
     if pool not in ("consistent", "all"):
@@ -201,7 +218,9 @@ def fit_inertia(
 
     labels = _recording_labels(segs)
     rows = [
-        dict(name=s.name or f"window {i}", comment=s.comment, source=s.source, recording=labels[i], n=s.n, index=s.index)
+        dict(
+            name=s.name or f"window {i}", comment=s.comment, source=s.source, recording=labels[i], n=s.n, index=s.index
+        )
         for i, s in enumerate(segs)
     ]
     per = _per_window(run, wins, k, starts, adapt=(substeps == "auto"), reference_check=reference_check)
@@ -221,8 +240,14 @@ def fit_inertia(
         result = _joint(run, rows, result, k, pool, reference_check=reference_check, starts=starts)
     result._data = segs
     result.options = {
-        "tensor": spec.tensor, "drag": drag, "bias": spec.bias, "substeps": substeps, "starts": starts,
-        "scale": list(scale) if scale else None, "joint": bool(joint), "pool": pool,
+        "tensor": spec.tensor,
+        "drag": drag,
+        "bias": spec.bias,
+        "substeps": substeps,
+        "starts": starts,
+        "scale": list(scale) if scale else None,
+        "joint": bool(joint),
+        "pool": pool,
         "stepper": "rigidjax.midpoint.angular_velocity_step (seed 000)",
     }
     _warn(result, substeps)
@@ -241,5 +266,3 @@ def _warn(result: InertiaFit, substeps) -> None:
             "substeps='auto' or raise substeps",
             stacklevel=3,
         )
-
-

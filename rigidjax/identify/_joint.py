@@ -24,9 +24,24 @@ from ._model import (
 )
 from ._result import FitStatus, InertiaFit
 from ._windows import (
-    JOINT_MEDIAN, JOINT_OWN, K_MAX, POOR_NOISE, REF_TOL, REL_SE_MAX, SHIFT_MAX, _LM_STATUS, _Run, _covariance,
-    _estimates, _full_x, _medoid, _overall, _step_shift, _to_phys,
+    JOINT_MEDIAN,
+    JOINT_OWN,
+    K_MAX,
+    POOR_NOISE,
+    REF_TOL,
+    REL_SE_MAX,
+    SHIFT_MAX,
+    _LM_STATUS,
+    _Run,
+    _covariance,
+    _estimates,
+    _full_x,
+    _medoid,
+    _overall,
+    _step_shift,
+    _to_phys,
 )
+
 
 def _combine_windows(run: _Run, rows, pool: str) -> InertiaFit:
     """Per-window mode: consistency, the median and its intervals."""
@@ -62,7 +77,9 @@ def _combine_windows(run: _Run, rows, pool: str) -> InertiaFit:
             se_tot[name] = (hi - lo) / (2 * 1.959964)
     status, message = _overall(rows, excluded)
     m_tot = sum(3 * run.segs[i].n for i in pooled)
-    rms = float(np.sqrt(sum(rows[i]["rms"] ** 2 * 3 * run.segs[i].n for i in pooled) / m_tot)) if pooled else float("nan")
+    rms = (
+        float(np.sqrt(sum(rows[i]["rms"] ** 2 * 3 * run.segs[i].n for i in pooled) / m_tot)) if pooled else float("nan")
+    )
     shifts = [r["step_shift_se"] for r in rows if r.get("step_shift_se")]
     worst = {}
     for d in shifts:
@@ -74,11 +91,17 @@ def _combine_windows(run: _Run, rows, pool: str) -> InertiaFit:
     step_error = {
         "substeps": [int(r["substeps"]) for r in rows],
         "rms": float(np.sqrt(sum(r["step_error_rms"] ** 2 * 3 * r["n"] for r in fitted) / m_f)) if m_f else 0.0,
-        "shift_se": worst, "max_shift_se": max((abs(v_) for v_ in worst.values()), default=0.0),
+        "shift_se": worst,
+        "max_shift_se": max((abs(v_) for v_ in worst.values()), default=0.0),
     }
     combined = {
-        "n": len(pooled), "windows": pooled, "sources": list(main) if pooled else [], "excluded": excluded,
-        "method": method, "by_source": summaries, "pool": pool,
+        "n": len(pooled),
+        "windows": pooled,
+        "sources": list(main) if pooled else [],
+        "excluded": excluded,
+        "method": method,
+        "by_source": summaries,
+        "pool": pool,
     }
     model = {
         "spec": spec,
@@ -88,9 +111,19 @@ def _combine_windows(run: _Run, rows, pool: str) -> InertiaFit:
         "substeps": [int(r["substeps"]) for r in rows],
     }
     res = InertiaFit(
-        mode="per-window", options={}, status=status, message=message, estimates=est, uncertainties=se_stat,
-        total_uncertainties=se_tot, intervals=intervals, segments=rows, combined=combined, rms=rms,
-        step_error=step_error, _model=model,
+        mode="per-window",
+        options={},
+        status=status,
+        message=message,
+        estimates=est,
+        uncertainties=se_stat,
+        total_uncertainties=se_tot,
+        intervals=intervals,
+        segments=rows,
+        combined=combined,
+        rms=rms,
+        step_error=step_error,
+        _model=model,
     )
     for r in rows:
         for key in [k_ for k_ in r if k_.startswith("_")]:
@@ -120,14 +153,23 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
     main = set(per.combined.get("sources") or [])
     determined = FitStatus.CONVERGED, FitStatus.UNIDENTIFIABLE
     pooled = [
-        i for i, r in enumerate(rows)
+        i
+        for i, r in enumerate(rows)
         if r["status"] in determined and r.get("estimates") and (pool == "all" or r["recording"] in main)
     ]
     for r in rows:
         r["own"] = {key: r.get(key) for key in ("status", "reason", "rms", "estimates", "se", "substeps")}
     base = dict(
-        mode="joint", options={}, estimates={}, uncertainties={}, total_uncertainties={}, intervals={},
-        segments=rows, rms=float("nan"), step_error=per.step_error, _model=per._model,
+        mode="joint",
+        options={},
+        estimates={},
+        uncertainties={},
+        total_uncertainties={},
+        intervals={},
+        segments=rows,
+        rms=float("nan"),
+        step_error=per.step_error,
+        _model=per._model,
     )
     if not pooled:
         status, message = _overall(rows, per.combined.get("excluded", {}), ["no window left to pool"])
@@ -144,7 +186,9 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
         b = np.zeros(G * n_b)
         if spec.bias:
             for g_ in range(G):
-                b[3 * g_ : 3 * g_ + 3] = np.median([per._model["bias"][i] for i, gg in zip(pooled, groups) if gg == g_], 0)
+                b[3 * g_ : 3 * g_ + 3] = np.median(
+                    [per._model["bias"][i] for i, gg in zip(pooled, groups) if gg == g_], 0
+                )
         good = [i for i in pooled if rows[i]["status"] == FitStatus.CONVERGED] or pooled
         cands = _joint_starts(run, pooled, theta_all[good], starts)
         xs, Rs = theta_chart(np.array(cands), spec)
@@ -169,8 +213,10 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
         # others do not share); a window the shared body explains up to model error stays:
         # leaving such windows out would bias the estimate
         bad = [
-            j for j, i in enumerate(pooled)
-            if rms_w[j] > JOINT_OWN * rows[i]["own"]["rms"] and (rms_w[j] > JOINT_MEDIAN * med or S == 1)
+            j
+            for j, i in enumerate(pooled)
+            if rms_w[j] > JOINT_OWN * rows[i]["own"]["rms"]
+            and (rms_w[j] > JOINT_MEDIAN * med or S == 1)
             and rms_w[j] > POOR_NOISE * run.noise[i]
         ]
         if not bad:
@@ -232,11 +278,14 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
     theta, _ = phys_theta(xp[:, : spec.n_phys], spec)
     off_w = spec.n_phys + G * n_b
     w0s = xp[0, off_w:].reshape(-1, 3)
-    bias_w = np.array([xp[0, spec.n_phys + 3 * g_ : spec.n_phys + 3 * g_ + 3] if spec.bias else np.zeros(3) for g_ in groups])
+    bias_w = np.array(
+        [xp[0, spec.n_phys + 3 * g_ : spec.n_phys + 3 * g_ + 3] if spec.bias else np.zeros(3) for g_ in groups]
+    )
     bias_se = np.sqrt(np.maximum(np.diag(cov), 0.0)) if np.all(np.isfinite(cov)) else np.full(phy.P, np.inf)
     ref = (
         reference_rms([run.segs[i] for i in pooled], np.repeat(theta, len(pooled), 0), w0s, bias_w, spec)
-        if reference_check else np.full(len(pooled), np.nan)
+        if reference_check
+        else np.full(len(pooled), np.nan)
     )
     lm_status = _LM_STATUS[_lm.LMStatus(int(st["status"][0]))] if (st["ok"][0] and ok_p[0]) else FitStatus.NONFINITE
     rel = [se[key] / abs(est[key]) if est[key] else np.inf for key in ("Ix/Iy", "Iz/Iy")]
@@ -261,7 +310,9 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
             r["bias_se"] = bias_se[ob : ob + 3].tolist()
         if lm_status == FitStatus.CONVERGED and reference_check and not (abs(ref[j] - r["rms"]) <= REF_TOL * r["rms"]):
             r["status"] = FitStatus.STEP_ERROR
-            r["reason"] = f"re-simulated by DOP853 the residual is {ref[j]:.3g} rad/s against the joint fit's {r['rms']:.3g}"
+            r["reason"] = (
+                f"re-simulated by DOP853 the residual is {ref[j]:.3g} rad/s against the joint fit's {r['rms']:.3g}"
+            )
         model["theta"][i] = theta[0]
         model["omega0"][i] = w0s[j]
         model["bias"][i] = bias_w[j]
@@ -282,17 +333,33 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
             "joint estimate): the interval spans both"
         )
     combined = dict(
-        per.combined, n=len(pooled), windows=pooled, sources=sources, excluded_windows=[rows[i]["name"] for i in excluded_joint],
-        method=method, widened=widened, dof={n_: (float(d_) if np.isfinite(d_) else None) for n_, d_ in zip(run.names, dof)}, sigma=math.sqrt(s2) if math.isfinite(s2) else None, iterations=int(st["it"][0]), bias=bias,
+        per.combined,
+        n=len(pooled),
+        windows=pooled,
+        sources=sources,
+        excluded_windows=[rows[i]["name"] for i in excluded_joint],
+        method=method,
+        widened=widened,
+        dof={n_: (float(d_) if np.isfinite(d_) else None) for n_, d_ in zip(run.names, dof)},
+        sigma=math.sqrt(s2) if math.isfinite(s2) else None,
+        iterations=int(st["it"][0]),
+        bias=bias,
     )
     m_tot = sum(3 * run.segs[i].n for i in pooled)
     step_error = {
-        "substeps": [int(kk) for kk in k], "rms": float(np.sqrt(np.sum(rms_e[0] ** 2 * np.array([3 * run.segs[i].n for i in pooled])) / m_tot)),
-        "shift_se": shifts[0], "max_shift_se": max((abs(v_) for v_ in shifts[0].values()), default=0.0),
+        "substeps": [int(kk) for kk in k],
+        "rms": float(np.sqrt(np.sum(rms_e[0] ** 2 * np.array([3 * run.segs[i].n for i in pooled])) / m_tot)),
+        "shift_se": shifts[0],
+        "max_shift_se": max((abs(v_) for v_ in shifts[0].values()), default=0.0),
     }
     base.update(
-        estimates=est, uncertainties=se, total_uncertainties=se_tot, intervals=intervals,
-        rms=float(np.sqrt(rss_p[0].sum() / m_tot)), step_error=step_error, _model=model,
+        estimates=est,
+        uncertainties=se,
+        total_uncertainties=se_tot,
+        intervals=intervals,
+        rms=float(np.sqrt(rss_p[0].sum() / m_tot)),
+        step_error=step_error,
+        _model=model,
     )
     return InertiaFit(status=status, message=message, combined=combined, **base)
 
@@ -300,8 +367,15 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
 # ----------------------------------------------------------------------------- proof by search
 
 
-def multistart_check(fit: InertiaFit, *, starts: int = 100, seed: int = 12345, extra=(), max_steps: int = 300,
-                     progress: Callable | None = None) -> list[dict]:
+def multistart_check(
+    fit: InertiaFit,
+    *,
+    starts: int = 100,
+    seed: int = 12345,
+    extra=(),
+    max_steps: int = 300,
+    progress: Callable | None = None,
+) -> list[dict]:
     """Search every fitted window of a per-window fit densely for a lower least-squares cost.
 
     Each window is refitted from ``starts`` random physically valid inertias
@@ -352,10 +426,15 @@ def multistart_check(fit: InertiaFit, *, starts: int = 100, seed: int = 12345, e
         b = idx[np.argmin(cost[idx])]
         rep = 0.5 * rows[i]["rms"] ** 2 * 3 * segs[i].n
         ph = theta_phys(theta_r[b : b + 1], spec)[0]
-        out.append({
-            "name": rows[i]["name"], "reported_cost": rep, "best_cost": float(cost[b]),
-            "excess": rep / float(cost[b]) - 1 if cost[b] > 0 else 0.0,
-            "best_estimates": {"Ix/Iy": float(ph[0]), "Iz/Iy": float(ph[1])},
-            "hits": int(np.sum(cost[idx] <= 1.005 * cost[b])), "n_starts": int(idx.size),
-        })
+        out.append(
+            {
+                "name": rows[i]["name"],
+                "reported_cost": rep,
+                "best_cost": float(cost[b]),
+                "excess": rep / float(cost[b]) - 1 if cost[b] > 0 else 0.0,
+                "best_estimates": {"Ix/Iy": float(ph[0]), "Iz/Iy": float(ph[1])},
+                "hits": int(np.sum(cost[idx] <= 1.005 * cost[b])),
+                "n_starts": int(idx.size),
+            }
+        )
     return out

@@ -130,9 +130,20 @@ def solve(
         cost, A, g, ok, aux = evaluate(x, rows)
         floor = np.maximum(eps * np.abs(cost), 1e-300)
         state = dict(
-            x=x, cost=cost, A=A, g=g, aux=aux, ok=ok, rows=np.asarray(rows), lo=np.array(lo, float),
-            hi=np.array(hi, float), floor=floor, lam=np.full(x.shape[0], 1e-3), nu=np.full(x.shape[0], 2.0),
-            it=np.zeros(x.shape[0], int), status=np.where(ok, int(LMStatus.MAX_STEPS), int(LMStatus.NONFINITE)),
+            x=x,
+            cost=cost,
+            A=A,
+            g=g,
+            aux=aux,
+            ok=ok,
+            rows=np.asarray(rows),
+            lo=np.array(lo, float),
+            hi=np.array(hi, float),
+            floor=floor,
+            lam=np.full(x.shape[0], 1e-3),
+            nu=np.full(x.shape[0], 2.0),
+            it=np.zeros(x.shape[0], int),
+            status=np.where(ok, int(LMStatus.MAX_STEPS), int(LMStatus.NONFINITE)),
             opt=np.where(ok, decrement(A, g, cost, x, lo, hi, floor), np.inf),
         )
         conv = ok & (state["opt"] <= tol)
@@ -193,4 +204,3 @@ def solve(
 def select(state: dict, idx) -> dict:
     """A copy of ``state`` restricted to the problems ``idx``."""
     return {k: (v[idx].copy() if isinstance(v, np.ndarray) and v.ndim >= 1 else v) for k, v in state.items()}
-

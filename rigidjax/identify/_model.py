@@ -353,7 +353,9 @@ def evaluator(spec: Spec):
 
         nm = n_t + 3 + spec.n_bias
         S0 = jnp.concatenate([jnp.zeros((n_t, 3), dtype), eye3])
-        acc0 = accumulate((jnp.zeros((nm, nm), dtype), jnp.zeros(nm, dtype), jnp.zeros((), dtype)), w0, S0, omega[0], weight[0])
+        acc0 = accumulate(
+            (jnp.zeros((nm, nm), dtype), jnp.zeros(nm, dtype), jnp.zeros((), dtype)), w0, S0, omega[0], weight[0]
+        )
         (_, _, (A, g, rss)), _ = jax.lax.scan(sample, (w0, S0, acc0), (dt, omega[1:], weight[1:]))
         ok = jnp.isfinite(rss) & jnp.all(jnp.isfinite(A)) & jnp.all(jnp.isfinite(g))
         return A, g, rss, ok
@@ -410,7 +412,9 @@ def simulate(spec: Spec, theta, w0, dt, k, dtype):
         sl = np.arange(c0, min(c0 + Q, na))
         sl = np.concatenate([sl, np.full(Q - sl.size, sl[-1])])
         w = sim(
-            jnp.asarray(theta[sl], dtype), jnp.asarray(w0[sl], dtype), jnp.asarray(dt[sl], dtype),
+            jnp.asarray(theta[sl], dtype),
+            jnp.asarray(w0[sl], dtype),
+            jnp.asarray(dt[sl], dtype),
             jnp.asarray(k[sl], jnp.int32),
         )
         n_real = min(Q, na - c0)
@@ -522,7 +526,9 @@ def reference_rms(segs, theta: np.ndarray, w0: np.ndarray, bias: np.ndarray, spe
     all windows in one call) instead of the midpoint step: what the fit's residual would be
     without step error. ``nan`` where the integration fails."""
     try:
-        ws = euler_omega(theta_tensor(theta, spec), w0, [s.t for s in segs], damping=theta_drag(theta, spec), rtol=1e-10)
+        ws = euler_omega(
+            theta_tensor(theta, spec), w0, [s.t for s in segs], damping=theta_drag(theta, spec), rtol=1e-10
+        )
     except (RuntimeError, np.linalg.LinAlgError, ValueError):
         return np.full(len(segs), np.nan)
     return np.array([float(np.sqrt(np.mean((w + b - s.omega) ** 2))) for w, b, s in zip(ws, bias, segs)])

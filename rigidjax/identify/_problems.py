@@ -46,7 +46,8 @@ class Batch:
         off_w = self.n_sh + self.G * self.n_b
         for s, g in enumerate(self.groups):
             idx.append(
-                list(range(self.n_sh)) + list(range(self.n_sh + g * self.n_b, self.n_sh + (g + 1) * self.n_b))
+                list(range(self.n_sh))
+                + list(range(self.n_sh + g * self.n_b, self.n_sh + (g + 1) * self.n_b))
                 + list(range(off_w + 3 * s, off_w + 3 * s + 3))
             )
         self.idx = np.asarray(idx, dtype=np.intp)  # (S, n_loc)
@@ -99,8 +100,13 @@ class Batch:
             sl = np.concatenate([sl, np.full(Q - n_real, sl[-1])])
             si = segs[sl]
             o = self.ev(
-                jnp.asarray(th[sl], self.dtype), jnp.asarray(w0[sl], self.dtype), jnp.asarray(bias[sl], self.dtype),
-                self.data[0][si], self.data[1][si], self.data[2][si], jnp.asarray(self.k[si]),
+                jnp.asarray(th[sl], self.dtype),
+                jnp.asarray(w0[sl], self.dtype),
+                jnp.asarray(bias[sl], self.dtype),
+                self.data[0][si],
+                self.data[1][si],
+                self.data[2][si],
+                jnp.asarray(self.k[si]),
             )
             o = [np.asarray(v)[:n_real] for v in o]
             if A_m is None:
@@ -137,7 +143,6 @@ class Batch:
         cost = 0.5 * rss.sum(1)
         ok = ok & np.isfinite(cost) & np.all(np.isfinite(A), axis=(1, 2))
         return cost, A, g, ok, rss
-
 
     def scores(self, x, row: int) -> np.ndarray:
         """Each window's gradient contribution ``J_w^T r_w`` ``(S, P)`` at ``x (P,)`` of problem

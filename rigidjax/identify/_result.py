@@ -168,8 +168,10 @@ class InertiaFit:
         spec: Spec = m["spec"]
         dtype = jnp.result_type(float)
         w = simulator(spec)(
-            jnp.asarray(m["theta"][i][None], dtype), jnp.asarray(m["omega0"][i][None], dtype),
-            jnp.asarray(dt[None], dtype), jnp.asarray([m["substeps"][i]], jnp.int32),
+            jnp.asarray(m["theta"][i][None], dtype),
+            jnp.asarray(m["omega0"][i][None], dtype),
+            jnp.asarray(dt[None], dtype),
+            jnp.asarray([m["substeps"][i]], jnp.int32),
         )
         return t, seg.omega, np.asarray(w[0], float)[: len(t)] + m["bias"][i]
 
@@ -177,10 +179,18 @@ class InertiaFit:
         """JSON-ready dict (non-finite numbers become ``None``)."""
         return _clean(
             {
-                "mode": self.mode, "options": self.options, "status": self.status, "message": self.message,
-                "rms": self.rms, "estimates": self.estimates, "uncertainties": self.uncertainties,
-                "total_uncertainties": self.total_uncertainties, "intervals": self.intervals,
-                "combined": self.combined, "segments": self.segments, "truth": self.truth,
+                "mode": self.mode,
+                "options": self.options,
+                "status": self.status,
+                "message": self.message,
+                "rms": self.rms,
+                "estimates": self.estimates,
+                "uncertainties": self.uncertainties,
+                "total_uncertainties": self.total_uncertainties,
+                "intervals": self.intervals,
+                "combined": self.combined,
+                "segments": self.segments,
+                "truth": self.truth,
                 "step_error": self.step_error,
             }
         )
@@ -216,7 +226,9 @@ class InertiaFit:
             if self.mode == "joint":
                 lines.append(f"joint estimate over {c['n']} window(s) of {len(c['sources'])} recording(s):")
             elif c["n"] == 1:
-                lines.append("one window: its estimate (± 1-sigma, Gauss-Newton; no between-window scatter to measure):")
+                lines.append(
+                    "one window: its estimate (± 1-sigma, Gauss-Newton; no between-window scatter to measure):"
+                )
             else:
                 lines.append(f"median over {c['n']} converged window(s) of {len(c['sources'])} recording(s):")
             lines.append(f"  {'':<18} {'estimate ± statistical 1σ':>28}   95 % interval incl. between-window scatter")
@@ -243,6 +255,7 @@ class InertiaFit:
                     z = f"  ({(self.estimates[k] - v) / e:+.2f} sigma)" if e and np.isfinite(e) and e > 0 else ""
                     lines.append(f"  {k:<18} truth {v:<12.6g} estimate {self.estimates[k]:.6g}{z}")
             if "bias" in self.truth and self.segments and "bias" in self.segments[0]:
-                lines.append(f"  {'bias (rad/s)':<18} truth {self.truth['bias']}  estimate {np.round(self.segments[0]['bias'], 5).tolist()}")
+                lines.append(
+                    f"  {'bias (rad/s)':<18} truth {self.truth['bias']}  estimate {np.round(self.segments[0]['bias'], 5).tolist()}"
+                )
         return "\n".join(lines)
-

@@ -72,12 +72,21 @@ EDGE_PUSH = 0.6
 MAX_RATE = 50.0
 
 _SEVERITY = (
-    FitStatus.NONFINITE, FitStatus.MAX_STEPS, FitStatus.STALLED, FitStatus.INCONSISTENT, FitStatus.POOR_FIT,
-    FitStatus.NOT_FREE, FitStatus.STEP_ERROR, FitStatus.UNIDENTIFIABLE, FitStatus.CONVERGED,
+    FitStatus.NONFINITE,
+    FitStatus.MAX_STEPS,
+    FitStatus.STALLED,
+    FitStatus.INCONSISTENT,
+    FitStatus.POOR_FIT,
+    FitStatus.NOT_FREE,
+    FitStatus.STEP_ERROR,
+    FitStatus.UNIDENTIFIABLE,
+    FitStatus.CONVERGED,
 )
 _LM_STATUS = {
-    _lm.LMStatus.CONVERGED: FitStatus.CONVERGED, _lm.LMStatus.MAX_STEPS: FitStatus.MAX_STEPS,
-    _lm.LMStatus.NONFINITE: FitStatus.NONFINITE, _lm.LMStatus.STALLED: FitStatus.STALLED,
+    _lm.LMStatus.CONVERGED: FitStatus.CONVERGED,
+    _lm.LMStatus.MAX_STEPS: FitStatus.MAX_STEPS,
+    _lm.LMStatus.NONFINITE: FitStatus.NONFINITE,
+    _lm.LMStatus.STALLED: FitStatus.STALLED,
 }
 
 
@@ -152,7 +161,15 @@ class _Run:
     def lm(self, batch, x0, rows, *, max_steps, state=None):
         lo, hi = batch.bounds(x0.shape[0]) if state is None else (None, None)
         return _lm.solve(
-            batch.evaluate, x0, rows, lo, hi, eps=batch.eps, max_steps=max_steps, state=state, progress=self.tick,
+            batch.evaluate,
+            x0,
+            rows,
+            lo,
+            hi,
+            eps=batch.eps,
+            max_steps=max_steps,
+            state=state,
+            progress=self.tick,
         )
 
 
@@ -295,7 +312,9 @@ def _rescue(run: _Run, wins: np.ndarray, k: np.ndarray, st: dict) -> None:
     r = run.lm(batch, x0, np.arange(x0.shape[0]), max_steps=run.phase1_steps)
     # the RESCUE_KEEP lowest-cost starts of each window continue to convergence
     cost = np.where(r["ok"], r["cost"], np.inf)
-    cont = np.concatenate([idx[np.argsort(cost[idx])[:RESCUE_KEEP]] for idx in (np.flatnonzero(owner == j) for j in bad)])
+    cont = np.concatenate(
+        [idx[np.argsort(cost[idx])[:RESCUE_KEEP]] for idx in (np.flatnonzero(owner == j) for j in bad)]
+    )
     r = _lm.select(r, cont)
     owner, R_ref = owner[cont], R_ref[cont]
     r["rows"] = np.arange(cont.size)
@@ -358,10 +377,19 @@ def _step_shift(run: _Run, batch: Batch, xp: np.ndarray, rows, k: np.ndarray, co
     e = (w_k - w_2k) / 0.75
     weight = run.data[1][segs]
     ms = np.sum(weight, axis=1) * 3
-    rms_e = np.sqrt(np.sum((e * weight[:, :, None]) ** 2, axis=(1, 2)) / np.maximum(ms, 1)).reshape(xp.shape[0], batch.S)
+    rms_e = np.sqrt(np.sum((e * weight[:, :, None]) ** 2, axis=(1, 2)) / np.maximum(ms, 1)).reshape(
+        xp.shape[0], batch.S
+    )
     fake = np.array(run.data[0], dtype=float)
     fake[segs] = w_k + bias[:, None, :] - e
-    fb = Batch(run.spec, (fake.astype(run.data[0].dtype), run.data[1], run.data[2]), batch.k, batch.seg_ids, batch.groups, chart="phys")
+    fb = Batch(
+        run.spec,
+        (fake.astype(run.data[0].dtype), run.data[1], run.data[2]),
+        batch.k,
+        batch.seg_ids,
+        batch.groups,
+        chart="phys",
+    )
     _, _, g_e, _, _ = fb.evaluate(xp, rows)
     out = []
     for a in range(xp.shape[0]):
@@ -462,8 +490,9 @@ def _per_window(run: _Run, wins, k, starts, *, adapt: bool, reference_check: boo
         elif status == FitStatus.CONVERGED and (sing[j] or max(rel) > REL_SE_MAX):
             status = FitStatus.UNIDENTIFIABLE
             reason = (
-                "singular normal equations: the data do not determine the inertia ratios" if sing[j] else
-                f"the data determine Ix/Iy and Iz/Iy only to ±{100 * rel[0]:.0f} % and ±{100 * rel[1]:.0f} %"
+                "singular normal equations: the data do not determine the inertia ratios"
+                if sing[j]
+                else f"the data determine Ix/Iy and Iz/Iy only to ±{100 * rel[0]:.0f} % and ±{100 * rel[1]:.0f} %"
             )
         if status == FitStatus.CONVERGED and reference_check and not (abs(ref[j] - rms) <= REF_TOL * rms):
             status = FitStatus.STEP_ERROR
@@ -472,10 +501,24 @@ def _per_window(run: _Run, wins, k, starts, *, adapt: bool, reference_check: boo
                 f"error ({k[i]} sub-steps) shapes this fit (raise substeps)"
             )
         row = dict(
-            status=status, reason=reason, rms=rms, rms_reference=float(ref[j]), iterations=int(st["it"][j]),
-            optimality=float(st["opt"][j]), omega0=w0[j].tolist(), omega0_se=np.sqrt(np.maximum(np.diag(covs[j])[-3:], 0)).tolist(),
-            estimates=ests[j], se=ses[j], step_shift_se=shifts[j], step_error_rms=float(rms_e[j, 0]),
-            _theta=theta[j], _w0=w0[j], _bias=b[j], _xp=xp[j], _cov=covs[j], _J=Js[j],
+            status=status,
+            reason=reason,
+            rms=rms,
+            rms_reference=float(ref[j]),
+            iterations=int(st["it"][j]),
+            optimality=float(st["opt"][j]),
+            omega0=w0[j].tolist(),
+            omega0_se=np.sqrt(np.maximum(np.diag(covs[j])[-3:], 0)).tolist(),
+            estimates=ests[j],
+            se=ses[j],
+            step_shift_se=shifts[j],
+            step_error_rms=float(rms_e[j, 0]),
+            _theta=theta[j],
+            _w0=w0[j],
+            _bias=b[j],
+            _xp=xp[j],
+            _cov=covs[j],
+            _J=Js[j],
         )
         if spec.bias:
             row["bias"] = b[j].tolist()
@@ -485,7 +528,9 @@ def _per_window(run: _Run, wins, k, starts, *, adapt: bool, reference_check: boo
 
 
 _EDGES = {  # (chart coordinate, bound) -> what lies beyond it
-    (0, "hi"): "I3 > I1 + I2", (0, "lo"): "I1 > I2 + I3", (1, "lo"): "I2 > I1 + I3",
+    (0, "hi"): "I3 > I1 + I2",
+    (0, "lo"): "I1 > I2 + I3",
+    (1, "lo"): "I2 > I1 + I3",
 }
 
 
@@ -495,15 +540,24 @@ def _edge_push(spec: Spec, st: dict, j: int):
     else ``None``. ``I1, I2, I3``: the principal moments (along sensor x, y, z without
     ``tensor``)."""
     x, g, lo, hi = st["x"][j], st["g"][j], st["lo"][j], st["hi"][j]
-    held = [(c, b) for c in range(spec.n_chart) for b, at in (("lo", x[c] <= lo[c] and g[c] > 0), ("hi", x[c] >= hi[c] and g[c] < 0)) if at]
+    held = [
+        (c, b)
+        for c in range(spec.n_chart)
+        for b, at in (("lo", x[c] <= lo[c] and g[c] > 0), ("hi", x[c] >= hi[c] and g[c] < 0))
+        if at
+    ]
     if not held:
         return None
     inf = np.full((1, x.size), np.inf)
-    free = _lm.decrement(st["A"][j : j + 1], g[None], st["cost"][j : j + 1], x[None], -inf, inf, st["floor"][j : j + 1])[0]
+    free = _lm.decrement(
+        st["A"][j : j + 1], g[None], st["cost"][j : j + 1], x[None], -inf, inf, st["floor"][j : j + 1]
+    )[0]
     if not free > EDGE_PUSH:
         return None
     c, b = held[0]
-    what = _EDGES.get((c, b), "a negative drag (a body that speeds up)" if c >= 2 + 3 * spec.tensor else "a degenerate inertia")
+    what = _EDGES.get(
+        (c, b), "a negative drag (a body that speeds up)" if c >= 2 + 3 * spec.tensor else "a degenerate inertia"
+    )
     return what, min(float(free), 1.0)
 
 
@@ -511,7 +565,9 @@ def _quality(run: _Run, rows, fitted) -> None:
     """The residual rule (see module), IN PLACE on ``rows``. The median is over the windows of
     the same recording (one body, one set of conditions) where it has at least 3, else over
     all windows."""
-    conv = [i for i in fitted if rows[i]["status"] in (FitStatus.CONVERGED, FitStatus.STEP_ERROR, FitStatus.UNIDENTIFIABLE)]
+    conv = [
+        i for i in fitted if rows[i]["status"] in (FitStatus.CONVERGED, FitStatus.STEP_ERROR, FitStatus.UNIDENTIFIABLE)
+    ]
     if not conv:
         return
     rms_c = np.array([rows[i]["rms"] for i in conv])
@@ -554,5 +610,3 @@ def _overall(rows, excluded: dict, extra: list[str] = ()) -> tuple[FitStatus, st
     if status == FitStatus.CONVERGED:
         return status, f"every window converged to its least-squares minimum ({len(rows)} window(s))"
     return status, "; ".join(parts) + " (left out of the combined estimate)"
-
-

@@ -61,8 +61,14 @@ from ._model import noise_and_signal
 from ._result import FitStatus
 
 __all__ = [
-    "PendulumFit", "fit_pendulum", "fit_pendulum_segments", "combine_pendulum", "swing_axis", "looks_like_pendulum",
-    "RACQUET_MASS", "RACQUET_PIVOT_DISTANCE",
+    "PendulumFit",
+    "fit_pendulum",
+    "fit_pendulum_segments",
+    "combine_pendulum",
+    "swing_axis",
+    "looks_like_pendulum",
+    "RACQUET_MASS",
+    "RACQUET_PIVOT_DISTANCE",
 ]
 
 #: kg, racquet 0.285 + phone 0.17228 (data README)
@@ -151,7 +157,9 @@ def looks_like_pendulum(omega) -> int | None:
 def _model(params, t, dtype):
     """Gyro signal (n,) of the VI pendulum with ``params = (log omega0, c, theta0, rate0, bias)``."""
     log_w0, c, th0, w0, bias = params
-    system = physical_pendulum(jnp.ones((), dtype), jnp.exp(2 * log_w0), jnp.ones((), dtype), gravity=jnp.ones((), dtype), damping=c)
+    system = physical_pendulum(
+        jnp.ones((), dtype), jnp.exp(2 * log_w0), jnp.ones((), dtype), gravity=jnp.ones((), dtype), damping=c
+    )
     state0 = VIState(time=t[0], q=th0[None], p=w0[None], lam=jnp.zeros((0,), dtype), qdot=w0[None])
     # symmetric forcing split: second order with damping (trep's left split biases omega0 by ~c dt/4)
     traj = rollout(functools.partial(vi_step, forcing_split="symmetric"), system, state0, jnp.diff(t))
@@ -206,7 +214,8 @@ def _column(omega, axis, name):
         other = (
             f"; the swing is about axis {_AXES[best]} ({100 * frac[best]:.1f} %, {int(cross[best])} crossings): pass "
             f"axis={best} (--axis {_AXES[best]}) or leave the axis to be detected"
-            if best != axis and frac[best] >= SWING_SHARE and cross[best] >= 3 else "; no axis swings: not a pendulum window (free flight? `rigidjax fit`)"
+            if best != axis and frac[best] >= SWING_SHARE and cross[best] >= 3
+            else "; no axis swings: not a pendulum window (free flight? `rigidjax fit`)"
         )
         raise ValueError(
             f"fit_pendulum: {where}gyroscope axis {_AXES[axis]} does not swing (it holds {100 * frac[axis]:.1f} % of "
@@ -317,7 +326,12 @@ def fit_pendulum(
     first, rest = res[:period_len], res[period_len:]
     rms_first = float(np.sqrt(np.mean(first**2))) if first.size else 0.0
     rms_rest = float(np.sqrt(np.mean(rest**2))) if rest.size else 0.0
-    if status == FitStatus.CONVERGED and rest.size >= period_len and rms_first > NOT_FREE_RATIO * max(rms_rest, 1e-300) and rms_first > 5 * noise:
+    if (
+        status == FitStatus.CONVERGED
+        and rest.size >= period_len
+        and rms_first > NOT_FREE_RATIO * max(rms_rest, 1e-300)
+        and rms_first > 5 * noise
+    ):
         status = FitStatus.NOT_FREE
         reason = (
             f"not in free swing at its start (held or pushed?): residual {rms_first:.3g} rad/s over the first period "
@@ -333,11 +347,30 @@ def fit_pendulum(
         status = FitStatus.POOR_FIT
         reason = f"residual {rms:.3g} rad/s above 10 % of the swing's rate ({swing_rms:.3g} rad/s RMS)"
     return PendulumFit(
-        name=name, axis=axis, status=status, reason=reason, omega0=omega0, omega0_se=float(omega0_se),
-        damping_rate=c, damping_rate_se=float(se[1]), theta0=th0, rate0=rate0, bias=bias, amplitude=amplitude,
-        period_small=period_small, period=period, period_se=float(period_se), inertia_pivot=float(I_p),
-        inertia_pivot_se=float(I_p_se), inertia_cm=float(I_cm), inertia_cm_se=float(I_p_se), damping=float(damping),
-        rms=rms, noise=float(noise), n=int(n), model_omega=model,
+        name=name,
+        axis=axis,
+        status=status,
+        reason=reason,
+        omega0=omega0,
+        omega0_se=float(omega0_se),
+        damping_rate=c,
+        damping_rate_se=float(se[1]),
+        theta0=th0,
+        rate0=rate0,
+        bias=bias,
+        amplitude=amplitude,
+        period_small=period_small,
+        period=period,
+        period_se=float(period_se),
+        inertia_pivot=float(I_p),
+        inertia_pivot_se=float(I_p_se),
+        inertia_cm=float(I_cm),
+        inertia_cm_se=float(I_p_se),
+        damping=float(damping),
+        rms=rms,
+        noise=float(noise),
+        n=int(n),
+        model_omega=model,
     )
 
 
@@ -359,24 +392,50 @@ def fit_pendulum_segments(segments, **kwargs) -> list[PendulumFit]:
         try:
             out.append(fit_pendulum(s.t, s.omega, name=name, **kwargs))
         except ValueError as e:
-            if kwargs.get("axis") is not None or not any(m in str(e) for m in ("zero crossings", "does not swing", "no gyroscope axis swings")):
+            if kwargs.get("axis") is not None or not any(
+                m in str(e) for m in ("zero crossings", "does not swing", "no gyroscope axis swings")
+            ):
                 raise
             nan = float("nan")
             reason = str(e).replace("fit_pendulum: ", "").replace(f"{name}: ", "", 1)
-            out.append(PendulumFit(
-                name=name, axis=-1, status=FitStatus.UNIDENTIFIABLE, reason=reason,
-                omega0=nan, omega0_se=nan, damping_rate=nan, damping_rate_se=nan, theta0=nan, rate0=nan, bias=nan,
-                amplitude=nan, period_small=nan, period=nan, period_se=nan, inertia_pivot=nan, inertia_pivot_se=nan,
-                inertia_cm=nan, inertia_cm_se=nan, damping=nan, rms=nan, noise=nan, n=len(s.t),
-                model_omega=np.full(len(s.t), nan),
-            ))
+            out.append(
+                PendulumFit(
+                    name=name,
+                    axis=-1,
+                    status=FitStatus.UNIDENTIFIABLE,
+                    reason=reason,
+                    omega0=nan,
+                    omega0_se=nan,
+                    damping_rate=nan,
+                    damping_rate_se=nan,
+                    theta0=nan,
+                    rate0=nan,
+                    bias=nan,
+                    amplitude=nan,
+                    period_small=nan,
+                    period=nan,
+                    period_se=nan,
+                    inertia_pivot=nan,
+                    inertia_pivot_se=nan,
+                    inertia_cm=nan,
+                    inertia_cm_se=nan,
+                    damping=nan,
+                    rms=nan,
+                    noise=nan,
+                    n=len(s.t),
+                    model_omega=np.full(len(s.t), nan),
+                )
+            )
     return out
 
 
 #: Quantities :func:`combine_pendulum` combines, with their standard-error attribute.
 COMBINED = (
-    ("period", "period_se"), ("omega0", "omega0_se"), ("damping_rate", "damping_rate_se"),
-    ("inertia_pivot", "inertia_pivot_se"), ("inertia_cm", "inertia_cm_se"),
+    ("period", "period_se"),
+    ("omega0", "omega0_se"),
+    ("damping_rate", "damping_rate_se"),
+    ("inertia_pivot", "inertia_pivot_se"),
+    ("inertia_cm", "inertia_cm_se"),
 )
 
 
@@ -394,7 +453,10 @@ def combine_pendulum(fits: list[PendulumFit]) -> dict:
             continue
         lo, hi, cov = _combine.median_interval(v)
         out[name] = {
-            "median": float(np.median(v)), "se_stat": _combine.median_se_stat([getattr(f, se_name) for f in good]),
-            "interval": (lo, hi) if len(v) > 1 else (float("nan"), float("nan")), "coverage": cov, "n": int(v.size),
+            "median": float(np.median(v)),
+            "se_stat": _combine.median_se_stat([getattr(f, se_name) for f in good]),
+            "interval": (lo, hi) if len(v) > 1 else (float("nan"), float("nan")),
+            "coverage": cov,
+            "n": int(v.size),
         }
     return out

@@ -47,6 +47,15 @@ from .equations import angular_velocity_step, gyroscopic_jacobian, gyroscopic_te
 from .step import Midpoint, midpoint_step
 
 __all__ = [
-    "Midpoint", "MidpointCarry", "adjoint", "angular_velocity_step", "gyroscopic_jacobian", "gyroscopic_term",
-    "midpoint_step", "pack_state", "step_matrix", "step_solve", "unpack_state",
+    "Midpoint",
+    "MidpointCarry",
+    "adjoint",
+    "angular_velocity_step",
+    "gyroscopic_jacobian",
+    "gyroscopic_term",
+    "midpoint_step",
+    "pack_state",
+    "step_matrix",
+    "step_solve",
+    "unpack_state",
 ]

@@ -181,9 +181,7 @@ def step_vjp(consts, c0: MidpointCarry, c1: MidpointCarry, ok, dt, lam1, ct1: Mi
     b = cross(w, lam_w)
     ab = tuple(a[i] + b[i] for i in range(3))
     wxl = cross(w, lam_w)
-    J_bar = tuple(
-        tuple(ab[i] * w[j] + wxl[i] * z[j] - lam_w[i] * dVw[j] * inv_dt for j in range(3)) for i in range(3)
-    )
+    J_bar = tuple(tuple(ab[i] * w[j] + wxl[i] * z[j] - lam_w[i] * dVw[j] * inv_dt for j in range(3)) for i in range(3))
     JzW = mv(J, tuple(z[i] + w[i] for i in range(3)))
     gw = cross(lam_w, JzW)
     JTab = _mtv(J, ab)
@@ -197,13 +195,7 @@ def step_vjp(consts, c0: MidpointCarry, c1: MidpointCarry, ok, dt, lam1, ct1: Mi
         return tuple(jnp.where(ok, a_, b_) for a_, b_ in zip(new, old))
 
     zero = jnp.zeros_like(ok, dtype)
-    ct0 = (
-        (ct1.time,)
-        + pick(xb1, ct1.position)
-        + pick(qbar, ct1.orientation)
-        + pick(vb, ct1.velocity)
-        + pick(wb, pas_w)
-    )
+    ct0 = (ct1.time,) + pick(xb1, ct1.position) + pick(qbar, ct1.orientation) + pick(vb, ct1.velocity) + pick(wb, pas_w)
     params = ((m_bar,), sum(J_bar, ()), sum(R_bar, ()), g_bar)
     dt_bar = jnp.where(ok, dt_bar, rot_bar * n0)
     new_acc = tuple(
@@ -235,9 +227,12 @@ def carry_from_array(a) -> MidpointCarry:
 def unflatten_params(acc):
     """``(m̄, J̄ (…, 3, 3), R̄ (…, 6, 6), ḡ (…, 3))`` arrays from the accumulator groups of :func:`step_vjp`."""
     m, J, R, g = acc[:4]
-    return m[0], jnp.moveaxis(J.reshape((3, 3) + J.shape[1:]), (0, 1), (-2, -1)), jnp.moveaxis(
-        R.reshape((6, 6) + R.shape[1:]), (0, 1), (-2, -1)
-    ), jnp.moveaxis(g, 0, -1)
+    return (
+        m[0],
+        jnp.moveaxis(J.reshape((3, 3) + J.shape[1:]), (0, 1), (-2, -1)),
+        jnp.moveaxis(R.reshape((6, 6) + R.shape[1:]), (0, 1), (-2, -1)),
+        jnp.moveaxis(g, 0, -1),
+    )
 
 
 def _unbroadcast(x, shape):
@@ -284,7 +279,9 @@ def discrete_adjoint_scan(body, model, carry0, dt_arr, xs_load, n, *, attitude):
             # the state before step k read in place (a shifted copy of the trajectory would be
             # another n_steps x 14 x batch buffer, page-faulted afresh on every call)
             c0 = jax.tree_util.tree_map(
-                lambda a0, a: jnp.where(k == 0, a0, jax.lax.dynamic_index_in_dim(a, jnp.maximum(k - 1, 0), keepdims=False)),
+                lambda a0, a: jnp.where(
+                    k == 0, a0, jax.lax.dynamic_index_in_dim(a, jnp.maximum(k - 1, 0), keepdims=False)
+                ),
                 state0,
                 states,
             )

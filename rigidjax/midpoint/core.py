@@ -95,8 +95,12 @@ def _amm(A, B):
 def _ahat(w):
     z = jnp.zeros_like(w[..., 0])
     return jnp.stack(
-        [jnp.stack([z, -w[..., 2], w[..., 1]], -1), jnp.stack([w[..., 2], z, -w[..., 0]], -1),
-         jnp.stack([-w[..., 1], w[..., 0], z], -1)], -2,
+        [
+            jnp.stack([z, -w[..., 2], w[..., 1]], -1),
+            jnp.stack([w[..., 2], z, -w[..., 0]], -1),
+            jnp.stack([-w[..., 1], w[..., 0], z], -1),
+        ],
+        -2,
     )
 
 
@@ -178,9 +182,7 @@ def _core_linearized(primals, tangents, attitude, ok):
     V1, x1, phi, (re, im, dre, dim), q1, n = advance(dV)
     # tangent: A d(dV) = d(rhs) - dA dV, with dA = dM/dt - M ddt/dt^2 + dR - dK/2
     Jw_t = _amv(J_t, W) + _amv(J, W_t)
-    F_t = jnp.concatenate(
-        jnp.broadcast_arrays(m_t * g + m * g_t, -(jnp.cross(W_t, Jw) + jnp.cross(W, Jw_t))), -1
-    )
+    F_t = jnp.concatenate(jnp.broadcast_arrays(m_t * g + m * g_t, -(jnp.cross(W_t, Jw) + jnp.cross(W, Jw_t))), -1)
     if wrench is not None:
         F_t = F_t + wrench_t
     V_t = jnp.concatenate([stack(v_t), W_t], -1)
@@ -262,8 +264,13 @@ def unpack_state(carry: MidpointCarry, like: RigidBodyState) -> RigidBodyState:
     return eqx.tree_at(
         lambda s: (s.time, s.position, s.orientation, s.velocity, s.angular_velocity),
         like,
-        (carry.time, stack(carry.position), stack(carry.orientation), stack(carry.velocity),
-         stack(carry.angular_velocity)),
+        (
+            carry.time,
+            stack(carry.position),
+            stack(carry.orientation),
+            stack(carry.velocity),
+            stack(carry.angular_velocity),
+        ),
     )
 
 
@@ -310,8 +317,17 @@ def _packed_step(body, carry: MidpointCarry, wrench, dt, active, attitude, max_r
     valid = _valid_inputs(body, dt, jnp.shape(carry.time))
     run = valid if active is None else active & valid
     t1, x1, q1, v1, w1, rotation, ok = _core(
-        body, carry.time, carry.position, carry.orientation, carry.velocity, carry.angular_velocity,
-        wrench, dt, run, attitude, _zero_pattern(body),
+        body,
+        carry.time,
+        carry.position,
+        carry.orientation,
+        carry.velocity,
+        carry.angular_velocity,
+        wrench,
+        dt,
+        run,
+        attitude,
+        _zero_pattern(body),
     )
     status = rotation_status(step_status(finite=ok | ~run, valid=valid), rotation, max_rotation)
     info = make_info(status, jnp.ones_like(status), jnp.zeros_like(rotation), rotation)

@@ -11,7 +11,21 @@ import jax
 import jax.numpy as jnp
 
 from ..body import RigidBody
-from ..numerics import block, comps, cross, inv3, materialize, mm, mv, static_zero, sum_nonzero, zadd, zero_pattern, zmul, zneg
+from ..numerics import (
+    block,
+    comps,
+    cross,
+    inv3,
+    materialize,
+    mm,
+    mv,
+    static_zero,
+    sum_nonzero,
+    zadd,
+    zero_pattern,
+    zmul,
+    zneg,
+)
 from .. import so3
 
 __all__ = ["angular_velocity_step", "gyroscopic_term", "gyroscopic_jacobian", "step_matrix", "step_solve"]
@@ -71,7 +85,12 @@ def _model_parts(body: RigidBody, zeros=None):
     for k, a in zip(live, materialize(*(flat[k] for k in live))):
         flat[k] = a
     m, Jf, Rf, gf = flat[0], flat[1:10], flat[10:46], tuple(flat[46:49])
-    return m, tuple(tuple(Jf[3 * i : 3 * i + 3]) for i in range(3)), tuple(tuple(Rf[6 * i : 6 * i + 6]) for i in range(6)), gf
+    return (
+        m,
+        tuple(tuple(Jf[3 * i : 3 * i + 3]) for i in range(3)),
+        tuple(tuple(Rf[6 * i : 6 * i + 6]) for i in range(6)),
+        gf,
+    )
 
 
 def _solve_blocks(mass, J, Rt, omega, rhs, dt, base=None):
@@ -101,7 +120,12 @@ def _solve_blocks(mass, J, Rt, omega, rhs, dt, base=None):
     A21y = mv(A21, y1)
     S = tuple(
         tuple(
-            zadd(zmul(J[i][j], inv_dt), Rt[3 + i][3 + j], zneg(zmul(0.5, zadd(hIw[i][j], zneg(hwJ[i][j])))), zneg(A21P[i][j]))
+            zadd(
+                zmul(J[i][j], inv_dt),
+                Rt[3 + i][3 + j],
+                zneg(zmul(0.5, zadd(hIw[i][j], zneg(hwJ[i][j])))),
+                zneg(A21P[i][j]),
+            )
             for j in range(3)
         )
         for i in range(3)
@@ -206,5 +230,3 @@ def angular_velocity_step(inertia, omega, dt, *, damping=None, torque=None) -> j
     rhs = zero3 + tuple(zadd(tau[i], zneg(gyro[i]), zneg(Dw[i])) for i in range(3))
     out = _solve_blocks(1.0, J, Rt, w, rhs, jnp.asarray(dt, dtype), base=zero3 + w)
     return jnp.stack(jnp.broadcast_arrays(*out[3:]), -1)
-
-

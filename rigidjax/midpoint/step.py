@@ -61,7 +61,9 @@ class Midpoint(AbstractStepper):
         if self.attitude not in ("new", "midpoint"):
             raise ValueError(f"attitude must be 'new' or 'midpoint'; got {self.attitude!r}")
 
-    def __call__(self, body: RigidBody, state: RigidBodyState, inputs: jax.Array | None, dt) -> tuple[RigidBodyState, StepInfo]:
+    def __call__(
+        self, body: RigidBody, state: RigidBodyState, inputs: jax.Array | None, dt
+    ) -> tuple[RigidBodyState, StepInfo]:
         check_step_inputs(body, state, inputs, dt, "midpoint_step")
         carry, info = _packed_step(body, pack_state(state), inputs, dt, None, self.attitude, self.max_rotation)
         return unpack_state(carry, state), info
@@ -80,7 +82,9 @@ class Midpoint(AbstractStepper):
         )
 
 
-def midpoint_step(body: RigidBody, state: RigidBodyState, inputs: jax.Array | None, dt, **options) -> tuple[RigidBodyState, StepInfo]:
+def midpoint_step(
+    body: RigidBody, state: RigidBodyState, inputs: jax.Array | None, dt, **options
+) -> tuple[RigidBodyState, StepInfo]:
     """One linearly implicit midpoint step: ``Midpoint(**options)(body, state, inputs, dt)``.
 
     Pure, jit-able, vmap-able, differentiable. ``options`` are :class:`Midpoint`'s fields

@@ -97,8 +97,7 @@ def _linearize(system, state, u, rho, dt, second_order, rtol, atol, max_iteratio
     if second_order:
         H = jax.jacfwd(jax.jacfwd(F, argnums=(0, 1, 2, 3)), argnums=(0, 1, 2, 3))(*args)
         second = {
-            o: {i: {j: H[a][b][c] for c, j in enumerate(_INS)} for b, i in enumerate(_INS)}
-            for a, o in enumerate(_OUTS)
+            o: {i: {j: H[a][b][c] for c, j in enumerate(_INS)} for b, i in enumerate(_INS)} for a, o in enumerate(_OUTS)
         }
     return MapDerivatives(first=first, second=second)
 
@@ -186,6 +185,7 @@ def _trajectory_jacobians(system, X, U, t, dt, options):
     def jac(x, u, x_next, tk, hk):
         def f(a, b):
             return state_space_step(system, a, b, tk, hk, guess=x_next[: system.n_config], **kwargs)
+
         return jax.jacfwd(f, argnums=(0, 1))(x, u)
 
     return jax.vmap(jac)(X[:-1], U, X[1:], t, dt)

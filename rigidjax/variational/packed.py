@@ -57,14 +57,17 @@ class VICarry(eqx.Module):
 
 def _pack_vi(state: VIState) -> VICarry:
     _check_vi_state(state)
+
     def split(a):
         return tuple(a[..., i] for i in range(a.shape[-1]))
+
     return VICarry(time=state.time, q=split(state.q), p=split(state.p), lam=state.lam[..., 0], qdot=split(state.qdot))
 
 
 def _unpack_vi(carry: VICarry, like) -> VIState:
     def stack(c):
         return jnp.stack(c, -1)
+
     return VIState(
         time=carry.time, q=stack(carry.q), p=stack(carry.p), lam=carry.lam[..., None], qdot=stack(carry.qdot)
     )
@@ -125,7 +128,6 @@ def _quat_angle(a, b):
     y = a[0] * b[2] - a[2] * b[0] - (a[3] * b[1] - a[1] * b[3])
     z = a[0] * b[3] - a[3] * b[0] - (a[1] * b[2] - a[2] * b[1])
     return 2 * jnp.arctan2(norm3((x, y, z)), jnp.abs(w))
-
 
 
 def _max_abs(xs):

@@ -143,6 +143,7 @@ def _velocity_batch(system, q, p, qdot_guess, t):
 def _d2_batch(forcing_split, system, q0, q1, t0, dt, u):
     def fn(a, b, c, s, uu):
         return _new_momentum(system, a, b, uu, c, c + s, forcing_split)
+
     return jax.vmap(fn)(q0, q1, t0, dt, u)
 
 
@@ -273,4 +274,3 @@ def momentum_map(system: MechanicalSystem, state: VIState, generator: Callable) 
     Pass a function defined once (it is a static argument of a jitted helper).
     """
     return _flat_call(functools.partial(_momentum_map_batch, generator), state.time.shape, system, state.q, state.p)
-

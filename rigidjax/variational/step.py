@@ -92,12 +92,15 @@ def _shamanskii_update(f, x, *, rtol, atol, linear_solver="elimination"):
     return newton.Update(x_new, converged, singular, nonfinite, residual)
 
 
-def _solve_del(system, q1, p1, u, rho, t1, dt, guess, rtol, atol, max_iterations, forcing_split,
-               linear_solver="elimination"):
+def _solve_del(
+    system, q1, p1, u, rho, t1, dt, guess, rtol, atol, max_iterations, forcing_split, linear_solver="elimination"
+):
     """The DEL equation solved for ``x = (q2_dynamic, lambda1)`` from ``guess``, differentiable
     (implicitly): ``(x, rigidjax.newton.NewtonInfo)``."""
+
     def F(x):
         return del_residual(system, x, q1, p1, u, rho, t1, dt, forcing_split)
+
     update = functools.partial(_shamanskii_update, rtol=rtol, atol=atol, linear_solver=linear_solver)
     tangent_solve = functools.partial(newton.dense_tangent_solve, method=linear_solver)
     return newton.solve(F, guess, update, tangent_solve, max_iterations=max_iterations)
@@ -264,8 +267,10 @@ class MidpointVI(AbstractStepper):
         )
         fn = jax.vmap(lambda s, uu, rr, hh: _step_single(system, s, uu, rr, hh, *options))
         out, info = fn(st, flat(u, 1), flat(rho, 1), flat(dt, 0))
+
         def unflat(a):
             return jnp.reshape(a, (*batch, *a.shape[1:]))
+
         return jax.tree_util.tree_map(unflat, out), jax.tree_util.tree_map(unflat, info)
 
     def packed(self, model) -> PackedStep | None:

@@ -251,7 +251,6 @@ def _legendre(system, q, qdot, t):
     return jax.grad(system.lagrangian, argnums=1)(q, qdot, t)
 
 
-
 def _kin(system, x):
     return x[..., jnp.asarray(system.kinematic, jnp.int32)] if system.kinematic else x[..., :0]
 
@@ -342,4 +341,3 @@ def _new_momentum(system, q1, q2, u, t1, t2, forcing_split):
     D2 = jax.grad(discrete_lagrangian, argnums=2)(system, q1, q2, t1, t2)
     _, fplus = _forcing_minus_plus(system, q1, q2, u, t1, t2, forcing_split)
     return _dyn(system, D2 + fplus)
-
