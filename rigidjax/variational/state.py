@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..linalg import solve_small
-from ..numerics import is_concrete
+from ..numerics import as_float, is_concrete
 from .system import (
     MechanicalSystem,
     VIState,
@@ -24,7 +24,6 @@ from .system import (
     _check_last,
     _check_split,
     _dyn,
-    _float,
     _kin,
     _legendre,
     _new_momentum,
@@ -184,20 +183,20 @@ def vi_state(system: MechanicalSystem, q, qdot=None, *, p=None, t=0.0, check: bo
             tolerance ``sqrt(eps) max(1, |q|)``), a velocity not tangent to the constraints, or a
             singular mass matrix ``∂²L/∂qdot²`` on the constraint tangent space.
     """
-    q = _float(q, "q")
+    q = as_float(q, "q")
     _check_last(q, system.n_config, "q")
     dtype = q.dtype
     batch = q.shape[:-1]
-    t = jnp.broadcast_to(_float(t, "t", dtype), batch)
+    t = jnp.broadcast_to(as_float(t, "t", dtype), batch)
     if qdot is not None and p is not None:
         raise ValueError("vi_state: give the velocity qdot or the momentum p, not both")
     if p is None:
-        qdot = jnp.zeros_like(q) if qdot is None else _float(qdot, "qdot", dtype)
+        qdot = jnp.zeros_like(q) if qdot is None else as_float(qdot, "qdot", dtype)
         _check_last(qdot, system.n_config, "qdot")
         qdot = jnp.broadcast_to(qdot, q.shape)
         p = _flat_call(_momentum_batch, batch, system, q, qdot, t)
     else:
-        p = _float(p, "p", dtype)
+        p = as_float(p, "p", dtype)
         _check_last(p, system.n_dynamic, "p")
         p = jnp.broadcast_to(p, (*batch, system.n_dynamic))
         if check and is_concrete(p) and not np.all(np.isfinite(np.asarray(p))):
@@ -221,15 +220,15 @@ def vi_state_from_configs(
     Raises:
         ValueError: shapes, ``dt <= 0``, or either configuration violating ``h(q) = 0``.
     """
-    q0 = _float(q0, "q0")
-    q1 = _float(q1, "q1", q0.dtype)
+    q0 = as_float(q0, "q0")
+    q1 = as_float(q1, "q1", q0.dtype)
     _check_last(q0, system.n_config, "q0")
     _check_last(q1, system.n_config, "q1")
     q0, q1 = jnp.broadcast_arrays(q0, q1)
-    dt = _float(dt, "dt", q0.dtype)
+    dt = as_float(dt, "dt", q0.dtype)
     if is_concrete(dt) and np.any(np.asarray(dt) <= 0):
         raise ValueError(f"vi_state_from_configs: dt must be > 0 s; got {np.asarray(dt)}")
-    t0 = jnp.broadcast_to(_float(t0, "t0", q0.dtype), q0.shape[:-1])
+    t0 = jnp.broadcast_to(as_float(t0, "t0", q0.dtype), q0.shape[:-1])
     dt = jnp.broadcast_to(dt, q0.shape[:-1])
     qdot = (q1 - q0) / dt[..., None]
     if check:

@@ -18,7 +18,7 @@ from .. import newton
 from ..info import Status, StepInfo, make_info, rotation_status, step_status
 from ..linalg import METHODS, lu_factor_small, lu_solve_small
 from ..linalg import singular as linalg_singular
-from ..numerics import check_kinds, where_tree
+from ..numerics import as_float, check_kinds, where_tree
 from ..stepper import AbstractStepper, PackedStep
 from .packed import free_body_packed_step
 from .system import (
@@ -31,7 +31,6 @@ from .system import (
     _check_vi_state,
     _default_tol,
     _dyn,
-    _float,
     _forcing_minus_plus,
     _new_momentum,
     _split_inputs,
@@ -329,7 +328,7 @@ def discrete_map(
 
     Returns ``(q2 (n,), p2 (n_dynamic,), lambda1 (n_constraints,))``.
     """
-    q1 = _float(q1, "q1")
+    q1 = as_float(q1, "q1")
     dtype = q1.dtype
     p1 = jnp.asarray(p1, dtype)
     u, rho = _split_inputs(system, (u, rho) if system.kinematic else u, dtype, "discrete_map")

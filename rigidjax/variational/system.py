@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..numerics import as_float
+
 __all__ = ["MechanicalSystem", "VIState", "discrete_lagrangian"]
 
 
@@ -231,16 +233,6 @@ def _assemble(system, q_dyn, rho):
     return q.at[jnp.asarray(system.kinematic, jnp.int32)].set(rho)
 
 
-def _float(x, name, dtype=None):
-    try:
-        a = jnp.asarray(x) if dtype is None else jnp.asarray(x, dtype)
-    except Exception as e:
-        raise TypeError(f"{name}: cannot convert {type(x).__name__} to an array ({e})") from None
-    if not jnp.issubdtype(a.dtype, jnp.floating):
-        a = a.astype(jnp.result_type(float))
-    return a
-
-
 def _check_last(a, size, name):
     if a.ndim == 0 or a.shape[-1] != size:
         raise ValueError(f"{name} must have shape (…, {size}); got {a.shape}")
@@ -319,14 +311,14 @@ def _split_inputs(system, inputs, dtype, where="vi_step"):
         u, rho = inputs
         if rho is None:
             raise ValueError(f"{where}: rho (the next kinematic configuration, ({system.n_kinematic},)) is required")
-        rho = _float(rho, "rho", dtype)
+        rho = as_float(rho, "rho", dtype)
         _check_last(rho, system.n_kinematic, f"{where}: rho")
     else:
         u, rho = inputs, jnp.zeros((0,), dtype)
     if u is None:
         u = jnp.zeros((system.n_inputs,), dtype)
     else:
-        u = _float(u, "u", dtype)
+        u = as_float(u, "u", dtype)
         if system.n_inputs == 0:
             if u.size:
                 raise ValueError(f"{where}: the system takes no force inputs (n_inputs = 0); got u of shape {u.shape}")
