@@ -94,17 +94,29 @@ CASES = {
 
 
 # the fast set: the midpoint fast path (the materialize primitive) and a Newton stepper (the
-# implicit derivative through reverse over reverse), ~1.5 min of compile; the rest is compile
-# time only (2-8 min per case: the Euler-parameter and free-body variational fast paths'
-# Hessians are 50,000-line XLA programs), so slow
+# implicit derivative through reverse over reverse) in two modes, jax.hessian and reverse over
+# reverse (~1 min of compile); their other two modes and the other cases are compile time
+# only (2-8 min per case: the Euler-parameter and free-body variational fast paths' Hessians
+# are 50,000-line XLA programs), so slow
 SLOW = {"midpoint generic", "ep fast", "ep generic", "vi fast"}
+FAST_MODES = ("hessian (fwd over rev)", "rev over rev")
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in CASES])
-def test_second_derivatives_agree_in_every_mode_and_with_differences(case):
+def _params():
+    for c in CASES:
+        if c in SLOW:
+            yield pytest.param(c, tuple(MODES), marks=pytest.mark.slow, id=f"{c}-all modes")
+        else:
+            yield pytest.param(c, FAST_MODES, id=f"{c}-hessian, rev over rev")
+            others = ("hessian (fwd over rev)",) + tuple(m for m in MODES if m not in FAST_MODES)
+            yield pytest.param(c, others, marks=pytest.mark.slow, id=f"{c}-other modes")
+
+
+@pytest.mark.parametrize("case, modes", list(_params()))
+def test_second_derivatives_agree_in_every_mode_and_with_differences(case, modes):
     f, p = CASES[case]
     p = jnp.asarray(p, jnp.float64)
-    hs = {name: np.asarray(jax.jit(mode(f))(p)) for name, mode in MODES.items()}
+    hs = {name: np.asarray(jax.jit(MODES[name](f))(p)) for name in modes}
     ref = hs["hessian (fwd over rev)"]
     scale = np.max(np.abs(ref))
     assert np.all(np.isfinite(ref)) and scale > 0
