@@ -215,7 +215,8 @@ def main(argv=None) -> int:
     }
     print()
     print(
-        f"{'method':<34} {'wall (s) cold/warm':>19} {'CPU (s) cold/warm':>19} {'Ix/Iy':>8} {'Iz/Iy':>8} {'RMS':>7}  status"
+        f"{'method':<34} {'wall (s) cold/warm':>19} {'CPU (s) cold/warm':>19} "
+        f"{'Ix/Iy':>8} {'Iz/Iy':>8} {'RMS':>7}  status"
     )
     for k, r in rows.items():
         w = f"{r['cold_s']:.1f} / {r['warm_s']:.1f}"
@@ -225,10 +226,13 @@ def main(argv=None) -> int:
         print(f"{k:<34} {w:>19} {c:>19} {ix:>8} {iz:>8} {r['rms']:>7.4f}  {r['status']}")
     print(
         f"(SciPy: {n_base} windows timed, extrapolated to {len(segs)}.) CPU: rigidjax needs "
-        f"{summary['cpu_ratio_cold']:.0f}x less than SciPy cold (compilation included), {summary['cpu_ratio_warm']:.0f}x warm. "
+        f"{summary['cpu_ratio_cold']:.0f}x less than SciPy cold (compilation included), "
+        f"{summary['cpu_ratio_warm']:.0f}x warm. "
         "Same windows, both estimates re-simulated by DOP853: SciPy's (RK45, one start) costs "
-        f"{100 * summary['scipy_cost_excess_median']:+.2f} % (median; largest {100 * summary['scipy_cost_excess_max']:+.1f} %) against "
-        "rigidjax's (the midpoint model's own minimum: the difference is its step error, held below 0.3 standard errors)."
+        f"{100 * summary['scipy_cost_excess_median']:+.2f} % (median; largest "
+        f"{100 * summary['scipy_cost_excess_max']:+.1f} %) against "
+        "rigidjax's (the midpoint model's own minimum: the difference is its step error, "
+        "held below 0.3 standard errors)."
     )
     out = {
         "rows": rows,
@@ -265,7 +269,8 @@ def main(argv=None) -> int:
         print(
             f"\ndense multi-start ({res[0]['n_starts']} starts per window, {out['search']['seconds']:.0f} s): "
             f"{out['search']['within_0.5%']} of {len(res)} windows at the best cost found (0.5 %); largest excess "
-            f"{100 * worst['excess']:.2g} % ({worst['name']}); fewest starts reaching the minimum: {out['search']['min_hits']}"
+            f"{100 * worst['excess']:.2g} % ({worst['name']}); fewest starts reaching the minimum: "
+            f"{out['search']['min_hits']}"
         )
     path = Path(args.out)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,8 @@ def main():
     if thr:
         m = thr["machine"]
         out.append(
-            f"Machine: {m['nproc']} cores ({m['cpu']}), jax {m['jax']}, load average {m['load_avg_1_5_15']} at {m['time_utc']} UTC\n"
+            f"Machine: {m['nproc']} cores ({m['cpu']}), jax {m['jax']}, load average {m['load_avg_1_5_15']} "
+            f"at {m['time_utc']} UTC\n"
         )
         out.append("### Ensemble throughput (body-steps/s, wall clock, best of 3)\n")
         out.append(

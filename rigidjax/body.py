@@ -45,7 +45,8 @@ def inertia_tensor(inertia) -> jax.Array:
     if inertia.ndim >= 1 and inertia.shape[-1] == 3:
         return inertia[..., :, None] * jnp.eye(3, dtype=inertia.dtype)
     raise ValueError(
-        f"inertia must have shape (3,) (principal moments) or (3, 3) (tensor), with optional leading batch axes; got {inertia.shape}"
+        "inertia must have shape (3,) (principal moments) or (3, 3) (tensor), with optional leading batch axes; "
+        f"got {inertia.shape}"
     )
 
 

@@ -86,7 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--stepper",
         choices=STEPPERS,
         default="midpoint",
-        help="midpoint (seed 000), ep (Euler parameters, generalized-alpha, seed 002), vi (variational midpoint, seed 001)",
+        help=(
+            "midpoint (seed 000), ep (Euler parameters, generalized-alpha, seed 002), "
+            "vi (variational midpoint, seed 001)"
+        ),
     )
     s.add_argument("--dt", type=float, default=0.01, help="time step, s (default 0.01)")
     s.add_argument("--t-end", type=float, default=10.0, help="duration, s (default 10)")

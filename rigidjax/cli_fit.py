@@ -494,7 +494,10 @@ def run_pendulum(args) -> int:
     for i, f in enumerate(fits):
         name = f.name if len(f.name) <= 40 else "…" + f.name[-39:]
         axis = "xyz"[f.axis] if f.axis >= 0 else "—"
-        row = f"{i:>3} {name:<40} {f.n:>4} {axis:>4} {math.degrees(f.amplitude):>5.1f}° {_pm(f.period, f.period_se):>18} {_pm(f.damping_rate, f.damping_rate_se):>18}"
+        row = (
+            f"{i:>3} {name:<40} {f.n:>4} {axis:>4} {math.degrees(f.amplitude):>5.1f}° "
+            f"{_pm(f.period, f.period_se):>18} {_pm(f.damping_rate, f.damping_rate_se):>18}"
+        )
         if moments:
             row += f" {_pm(1e3 * f.inertia_pivot, 1e3 * f.inertia_pivot_se):>18}"
         row += f" {f.rms:>7.4f} {f.status.value}"
@@ -504,7 +507,8 @@ def run_pendulum(args) -> int:
     print()
     if comb:
         print(
-            f"median over {n_good} converged window(s): estimate ± statistical 1σ, 95 % interval incl. between-window scatter"
+            f"median over {n_good} converged window(s): estimate ± statistical 1σ, "
+            "95 % interval incl. between-window scatter"
         )
         scale = {
             "inertia_pivot": ("g m^2", 1e3),

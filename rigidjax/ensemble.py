@@ -63,7 +63,8 @@ def ensemble_size(states0) -> int:
     if None in sizes or len(sizes) != 1:
         raise ValueError(
             "ensemble_rollout: every leaf of states0 needs the same leading ensemble axis; got leading "
-            f"lengths {sorted(str(s) for s in sizes)} (a single state: add the axis, e.g. with jax.tree.map(lambda a: a[None], s))"
+            f"lengths {sorted(str(s) for s in sizes)} (a single state: add the axis, "
+            "e.g. with jax.tree.map(lambda a: a[None], s))"
         )
     return int(sizes.pop())
 

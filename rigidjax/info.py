@@ -33,7 +33,9 @@ class Status(enum.IntEnum):
     NONFINITE = 2  #: the new state would contain NaN or inf
     SINGULAR = 3  #: the step's linear system is singular (e.g. mass matrix not definite)
     ROTATION_LIMIT = 4  #: |omega| dt above the stepper's ``max_rotation`` (state advanced; accuracy lost)
-    INVALID_INPUT = 5  #: an input checked only at run time (traced under jit) is out of range: dt <= 0, mass <= 0, inertia not positive definite or violating the triangle inequality
+    #: an input checked only at run time (traced under jit) is out of range: dt <= 0, mass <= 0,
+    #: inertia not positive definite or violating the triangle inequality
+    INVALID_INPUT = 5
 
     @property
     def message(self) -> str:
@@ -45,8 +47,13 @@ _MESSAGES = {
     Status.MAX_ITERATIONS: "Newton iteration did not converge within the iteration cap",
     Status.NONFINITE: "the step produced NaN or inf",
     Status.SINGULAR: "the step's linear system is singular",
-    Status.ROTATION_LIMIT: "rotation per step |omega|*dt exceeded max_rotation: the gyroscopic term is not resolved, reduce dt",
-    Status.INVALID_INPUT: "an input traced under jit is out of range (dt <= 0, mass <= 0, or an inertia not positive definite or violating the triangle inequality)",
+    Status.ROTATION_LIMIT: (
+        "rotation per step |omega|*dt exceeded max_rotation: the gyroscopic term is not resolved, reduce dt"
+    ),
+    Status.INVALID_INPUT: (
+        "an input traced under jit is out of range (dt <= 0, mass <= 0, "
+        "or an inertia not positive definite or violating the triangle inequality)"
+    ),
 }
 
 FAILURES = (Status.MAX_ITERATIONS, Status.NONFINITE, Status.SINGULAR, Status.INVALID_INPUT)

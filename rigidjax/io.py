@@ -115,7 +115,8 @@ class Segment:
         if np.any(dt <= 0):
             i = int(np.argmax(dt <= 0))
             raise DataError(
-                f"{where}: time must be strictly increasing; t[{i + 1}] = {float(t[i + 1])!r} <= t[{i}] = {float(t[i])!r}"
+                f"{where}: time must be strictly increasing; "
+                f"t[{i + 1}] = {float(t[i + 1])!r} <= t[{i}] = {float(t[i])!r}"
             )
         if "orientation" in arrays:
             norm = np.linalg.norm(arrays["orientation"], axis=-1)
@@ -492,7 +493,8 @@ def load_npz(path) -> list[Segment]:
         if np.any(dt <= 0):
             i = int(np.argmax(dt <= 0)) + 1
             raise DataError(
-                f"{p}, key 't': time must be strictly increasing; t[{i}] = {float(t[i])!r} <= t[{i - 1}] = {float(t[i - 1])!r}"
+                f"{p}, key 't': time must be strictly increasing; "
+                f"t[{i}] = {float(t[i])!r} <= t[{i - 1}] = {float(t[i - 1])!r}"
             )
     try:
         return [Segment(name=p.stem, source=str(p), comment=comment, **arrays)]

@@ -174,7 +174,8 @@ def rollout(
         for leaf in jax.tree_util.tree_leaves(loads):
             if jnp.shape(leaf)[:1] != (n,):
                 raise ValueError(
-                    f"rollout: per-step loads must have a leading axis of length n_steps={n}; got a leaf of shape {jnp.shape(leaf)}"
+                    f"rollout: per-step loads must have a leading axis of length n_steps={n}; "
+                    f"got a leaf of shape {jnp.shape(leaf)}"
                 )
 
     failure_codes = np.asarray([int(c) for c in FAILURES], np.int32)

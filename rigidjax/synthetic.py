@@ -163,14 +163,16 @@ def synthesize_recording(
     for k, (lo, hi) in enumerate(windows):
         pad = " " if k % 2 else ""  # whitespace varies between real files too
         seg_lines.append(
-            f"{k + 1},{pad}{lo:.3f},{pad}{hi:.3f},,{'Intermediate axis rotation' if spin_axis == 0 else 'Spin about principal axis ' + str(spin_axis)}"
+            f"{k + 1},{pad}{lo:.3f},{pad}{hi:.3f},,"
+            f"{'Intermediate axis rotation' if spin_axis == 0 else 'Spin about principal axis ' + str(spin_axis)}"
         )
     (export / "meta" / "segments.csv").write_text("\n".join(seg_lines))
     t_sys = 1.767268800e9
     (export / "meta" / "time.csv").write_text(
         '"event","experiment time","system time","system time text"\n'
         f'"START",{_phyphox_float(0.0)},{_phyphox_float(t_sys)},"2026-01-01 12:00:00.000 UTC+00:00"\n'
-        f'"PAUSE",{_phyphox_float(float(t[-1]))},{_phyphox_float(t_sys + float(t[-1]))},"2026-01-01 12:00:{t[-1]:06.3f} UTC+00:00"\n'
+        f'"PAUSE",{_phyphox_float(float(t[-1]))},{_phyphox_float(t_sys + float(t[-1]))},'
+        f'"2026-01-01 12:00:{t[-1]:06.3f} UTC+00:00"\n'
     )
     (export / "meta" / "device.csv").write_text(
         '"property","value"\n"version","rigidjax.synthetic"\n"build","0"\n"fileFormat","1.18"\n'

@@ -194,7 +194,8 @@ def test_ensemble_rollout_discrete_adjoint_and_loads():
     assert float(jnp.abs(tr1.states.angular_velocity[4, -1, 0] - 1.4 * tr1.states.angular_velocity[0, -1, 0])) > 1e-3
 
 
-@pytest.mark.slow  # ~44 s of compile; CI budget (test_discrete_adjoint_matches_finite_differences_with_failures_and_per_step_dt stays)
+# ~44 s of compile; CI budget (test_discrete_adjoint_matches_finite_differences_with_failures_and_per_step_dt stays)
+@pytest.mark.slow
 def test_failed_member_and_shared_loads_gradients():
     """Members never affect each other, also in gradients: a member frozen by a NaN wrench
     leaves every other gradient finite and equal to a run without it (both adjoints); a

@@ -55,7 +55,9 @@ SCRIPT = textwrap.dedent(
     torque = lambda t, s: jnp.concatenate([jnp.zeros(3), 0.1 * jnp.sin(t) * jnp.ones(3)])
     got2 = ensemble_rollout(rj.midpoint_step, shared, st2, dt, n, torque, model_batched=False)
     ref2 = jax.vmap(lambda s: rj.rollout(rj.midpoint_step, shared, s, dt, n, torque))(st2)
-    out["shared"] = float(np.abs(np.asarray(got2.states.angular_velocity) - np.asarray(ref2.states.angular_velocity)).max())
+    out["shared"] = float(
+        np.abs(np.asarray(got2.states.angular_velocity) - np.asarray(ref2.states.angular_velocity)).max()
+    )
     out["n_shards"] = len(got2.states.angular_velocity.addressable_shards)
     out["shard_rows"] = sorted({s.data.shape[0] for s in got2.states.angular_velocity.addressable_shards})
     print("RESULT" + json.dumps(out))

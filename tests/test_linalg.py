@@ -376,7 +376,9 @@ from rigidjax.euler_parameters import EPModel, SphericalJoint, initial_state, ep
 from rigidjax.ensemble import ensemble_rollout
 assert len(jax.devices()) == 2
 # two jointed rods hung from the origin: 14 coordinates + 8 multipliers = 22 Newton unknowns
-bodies = rj.RigidBody(np.array([1.0, 0.6]), np.array([[0.021, 0.021, 5e-5], [0.008, 0.008, 3e-5]]), gravity=[0, 0, -9.81])
+bodies = rj.RigidBody(
+    np.array([1.0, 0.6]), np.array([[0.021, 0.021, 5e-5], [0.008, 0.008, 3e-5]]), gravity=[0, 0, -9.81]
+)
 q = np.asarray(so3.exp(jnp.array([0.0, -0.8, 0.0])))
 d = np.array([np.sin(0.8), 0.0, -np.cos(0.8)])
 ref = np.stack([np.concatenate([0.25 * d, q]), np.concatenate([0.5 * d + 0.2 * d, q])])

@@ -204,7 +204,8 @@ def test_wrong_model_or_state_kind_names_the_stepper():
     for call, msg in (
         (
             lambda: rj.midpoint_step(pend, s, None, 0.01),
-            "midpoint_step: model must be a rigidjax.RigidBody; got a MechanicalSystem: a MechanicalSystem steps with rigidjax.vi_step",
+            "midpoint_step: model must be a rigidjax.RigidBody; got a MechanicalSystem: "
+            "a MechanicalSystem steps with rigidjax.vi_step",
         ),
         (lambda: rj.rollout(rj.midpoint_step, pend, s, 0.01, 3), "midpoint_step: model must be a rigidjax.RigidBody"),
         (lambda: rj.midpoint_step(body, vs, None, 0.01), "state must be a rigidjax.RigidBodyState; got a VIState"),

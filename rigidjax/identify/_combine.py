@@ -119,7 +119,8 @@ def window_interval(values, level: float = 0.95):
             lo,
             hi,
             cov,
-            f"order statistics of the {n} window estimates (distribution-free interval of the median, coverage {100 * cov:.1f} %)",
+            f"order statistics of the {n} window estimates (distribution-free interval of the median, "
+            f"coverage {100 * cov:.1f} %)",
         )
     med = float(np.median(v))
     lo, hi = t_interval(med, 1.2533 * float(np.std(v, ddof=1)) / math.sqrt(n), n - 1, level)

@@ -28,8 +28,9 @@ What :func:`fit_inertia` does, window by window:
    that differs by more than :data:`REF_TOL` marks it :attr:`~FitStatus.STEP_ERROR`.
 4. **Judges each window**: a residual above 5x the median over the windows of its recording
    (over all windows where it has fewer than 3) or 25 % of the window's signal, and above 10x
-   its noise, is :attr:`~FitStatus.POOR_FIT` (a wrong basin or not free flight); a relative standard error of ``Ix/Iy`` or ``Iz/Iy`` above
-   :data:`REL_SE_MAX`, or singular normal equations, :attr:`~FitStatus.UNIDENTIFIABLE`.
+   its noise, is :attr:`~FitStatus.POOR_FIT` (a wrong basin or not free flight); a relative
+   standard error of ``Ix/Iy`` or ``Iz/Iy`` above :data:`REL_SE_MAX`, or singular normal
+   equations, :attr:`~FitStatus.UNIDENTIFIABLE`.
 5. **Pools only what belongs together**: recordings (``Segment.source``) whose estimates
    disagree beyond their spread are named and left out (:mod:`rigidjax.identify._combine`;
    ``pool="all"`` forces pooling); the combined estimate carries a statistical error and a
@@ -178,8 +179,9 @@ def fit_inertia(
     if fast:
         i = max(fast, key=lambda j: peak[j])
         raise FitError(
-            f"{len(fast)} window(s) spin faster than {max_rate:g} rad/s, beyond a hand throw; {_label(segs[i], i)} reaches "
-            f"{peak[i]:.4g} rad/s ({math.degrees(peak[i]):.4g} deg/s). If the rates are in deg/s, convert them to rad/s "
+            f"{len(fast)} window(s) spin faster than {max_rate:g} rad/s, beyond a hand throw; "
+            f"{_label(segs[i], i)} reaches {peak[i]:.4g} rad/s ({math.degrees(peak[i]):.4g} deg/s). "
+            "If the rates are in deg/s, convert them to rad/s "
             "(x pi/180); if the body really spins this fast, raise the bound (max_rate / --max-rate)"
         )
     spec = Spec(bool(tensor), drag, bool(bias))
@@ -206,7 +208,8 @@ def fit_inertia(
         elif run.signal[i] <= SNR_MIN * run.noise[i]:
             pre[i] = (
                 f"the rates vary by {run.signal[i]:.2g} rad/s RMS, within {SNR_MIN:g}x the gyroscope noise "
-                f"({run.noise[i]:.2g} rad/s): no motion, noise only, or a steady spin about one axis, which fits any inertia"
+                f"({run.noise[i]:.2g} rad/s): no motion, noise only, or a steady spin about one axis, "
+                "which fits any inertia"
             )
         elif swing is not None:
             not_free[i] = (

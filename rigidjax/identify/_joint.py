@@ -226,7 +226,8 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
             rows[i]["status"] = FitStatus.POOR_FIT
             rows[i]["reason"] = (
                 f"under the shared inertia its residual is {rms_w[j]:.3g} rad/s, above {JOINT_OWN:g}x its own fit's "
-                f"({rows[i]['own']['rms']:.3g}) and {JOINT_MEDIAN:g}x the median over the pooled windows ({med:.3g}): not "
+                f"({rows[i]['own']['rms']:.3g}) and {JOINT_MEDIAN:g}x the median over the pooled windows "
+                f"({med:.3g}): not "
                 "explained by the body the others share (a wrong basin?); left out of the joint fit"
             )
             excluded_joint.append(i)

@@ -208,7 +208,10 @@ class InertiaFit:
         for i, s in enumerate(self.segments):
             name = s["name"] if len(s["name"]) <= max_name else "…" + s["name"][-(max_name - 1) :]
             rms = f"{s['rms']:>7.4f}" if s.get("rms") is not None and np.isfinite(s["rms"]) else f"{'—':>7}"
-            row = f"{i:>3} {name:<{max_name}} {s['comment']:<{wc}} {s['n']:>4} {s.get('substeps', 0):>2} {rms} {str(s['status']):<{wst}}"
+            row = (
+                f"{i:>3} {name:<{max_name}} {s['comment']:<{wc}} {s['n']:>4} {s.get('substeps', 0):>2} "
+                f"{rms} {str(s['status']):<{wst}}"
+            )
             own = s.get("own") or s
             est = own.get("estimates") or {}
             shown = own.get("status") != FitStatus.UNIDENTIFIABLE
@@ -244,7 +247,8 @@ class InertiaFit:
             worst = max(se_["shift_se"], key=lambda k: abs(se_["shift_se"][k]), default=None)
             ks = sorted(set(se_["substeps"]))
             lines.append(
-                f"step error of the simulation (substeps {', '.join(map(str, ks))}): RMS {se_['rms']:.2g} rad/s; shifts the "
+                f"step error of the simulation (substeps {', '.join(map(str, ks))}): "
+                f"RMS {se_['rms']:.2g} rad/s; shifts the "
                 f"estimates by up to {se_['max_shift_se']:.2f} standard errors" + (f" ({worst})" if worst else "")
             )
         if self.truth:
@@ -256,6 +260,7 @@ class InertiaFit:
                     lines.append(f"  {k:<18} truth {v:<12.6g} estimate {self.estimates[k]:.6g}{z}")
             if "bias" in self.truth and self.segments and "bias" in self.segments[0]:
                 lines.append(
-                    f"  {'bias (rad/s)':<18} truth {self.truth['bias']}  estimate {np.round(self.segments[0]['bias'], 5).tolist()}"
+                    f"  {'bias (rad/s)':<18} truth {self.truth['bias']}  "
+                    f"estimate {np.round(self.segments[0]['bias'], 5).tolist()}"
                 )
         return "\n".join(lines)

@@ -470,7 +470,9 @@ def _per_window(run: _Run, wins, k, starts, *, adapt: bool, reference_check: boo
         reason = {
             FitStatus.CONVERGED: "",
             FitStatus.MAX_STEPS: f"no first-order optimum within {run.max_steps} iterations (raise max_steps)",
-            FitStatus.STALLED: f"the optimiser stopped short of first-order optimality (relative decrement {st['opt'][j]:.2g})",
+            FitStatus.STALLED: (
+                f"the optimiser stopped short of first-order optimality (relative decrement {st['opt'][j]:.2g})"
+            ),
             FitStatus.NONFINITE: "the simulation gave NaN or inf",
         }[status]
         rel = [ses[j][key] / abs(ests[j][key]) if ests[j][key] else np.inf for key in ("Ix/Iy", "Iz/Iy")]
@@ -583,7 +585,8 @@ def _quality(run: _Run, rows, fitted) -> None:
             why.append(f"{rms / med:.1f}x the median over {scope} ({med:.3g} rad/s)")
         if rms > POOR_SIGNAL * run.signal[i]:
             why.append(
-                f"{rms / run.signal[i]:.0%} of the window's own variation ({run.signal[i]:.3g} rad/s RMS; a good fit leaves "
+                f"{rms / run.signal[i]:.0%} of the window's own variation "
+                f"({run.signal[i]:.3g} rad/s RMS; a good fit leaves "
                 f"under {POOR_SIGNAL:.0%})"
             )
         if why and rms > POOR_NOISE * run.noise[i]:

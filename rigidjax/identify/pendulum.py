@@ -204,8 +204,9 @@ def _column(omega, axis, name):
         if frac[best] < SWING_SHARE or cross[best] < 3:
             raise ValueError(
                 f"fit_pendulum: {where}no gyroscope axis swings (axis {_AXES[best]}, with the most rate variance, "
-                f"holds {100 * frac[best]:.1f} % of it and crosses zero {int(cross[best])} times; a swing about a fixed "
-                f"axis needs at least {100 * SWING_SHARE:.0f} % and 3 crossings): not a pendulum window (free flight? `rigidjax fit`)"
+                f"holds {100 * frac[best]:.1f} % of it and crosses zero {int(cross[best])} times; "
+                f"a swing about a fixed axis needs at least {100 * SWING_SHARE:.0f} % and 3 crossings): "
+                "not a pendulum window (free flight? `rigidjax fit`)"
             )
         axis = best
     if axis not in (0, 1, 2):
@@ -340,8 +341,8 @@ def fit_pendulum(
     elif status == FitStatus.CONVERGED and c < -2 * se[1]:
         status = FitStatus.NOT_FREE
         reason = (
-            f"the swing gains energy (damping rate {c:.3g} ± {se[1]:.2g} 1/s): held, pushed or driven during the window, "
-            "not a free swing"
+            f"the swing gains energy (damping rate {c:.3g} ± {se[1]:.2g} 1/s): held, pushed or driven "
+            "during the window, not a free swing"
         )
     elif status == FitStatus.CONVERGED and rms > 0.1 * swing_rms:
         status = FitStatus.POOR_FIT
