@@ -5,7 +5,7 @@ initial state and a model parameter together.
 Independent truth: central differences of the gradient. The four compositions must also
 agree with each other (they are computed by different code: forward mode through the
 steps' custom JVP rules, reverse over reverse through the primal Newton solve's implicit
-derivative, see ``rigidjax.numerics.custom_root``).
+derivative, see ``rigidjax.newton.custom_root``).
 
 Tolerances (float64): the compositions agree to 1e-9 relative to the largest entry (round-off
 through two linear solves per step, and the Newton solves' own tolerance ~eps^(2/3) ~ 4e-11);
@@ -151,11 +151,11 @@ def test_second_derivatives_through_the_discrete_adjoint():
 
 
 def test_custom_root_value_is_the_iterate_and_derivatives_are_implicit():
-    """``rigidjax.numerics.custom_root`` on x^3 + theta x - a = 0, solved by a Newton
+    """``rigidjax.newton.custom_root`` on x^3 + theta x - a = 0, solved by a Newton
     ``while_loop`` inside a scan: the value is the Newton iterate bit for bit, and the first
     and second derivatives in theta, in all four compositions, are the implicit function's
     closed forms x' = -x / (3 x^2 + theta), x'' = -(6 x x'^2 + 2 x') / (3 x^2 + theta)."""
-    from rigidjax.numerics import custom_root
+    from rigidjax.newton import custom_root
 
     def newton(F, x0):
         def body(c):
