@@ -76,13 +76,10 @@ def _loop(update: Callable, z0, max_iterations: int, stopped, dtype):
         new = jnp.where(u.singular, Status.SINGULAR, jnp.where(u.nonfinite, Status.NONFINITE, Status.SUCCESS))
         new = new.astype(jnp.int32)
         ok = run & (new == Status.SUCCESS)
-        return (
-            it + run.astype(jnp.int32),
-            where_tree(ok, u.z, z),
-            jnp.where(run, u.converged & (new == Status.SUCCESS), done),
-            jnp.where(run, new, status),
-            jnp.where(run, jnp.asarray(u.residual, dtype), res),
-        )
+        conv = jnp.where(run, u.converged & (new == Status.SUCCESS), done)
+        status = jnp.where(run, new, status)
+        res = jnp.where(run, jnp.asarray(u.residual, dtype), res)
+        return it + run.astype(jnp.int32), where_tree(ok, u.z, z), conv, status, res
 
     init = (
         jnp.zeros(batch, jnp.int32),

@@ -30,6 +30,7 @@ import numpy as np
 
 from . import so3
 from .body import RigidBody, RigidBodyState
+from .numerics import as_float, check_finite, is_concrete
 from .variational import MechanicalSystem, VIState, generalized_velocity, vi_state
 from .variational.free_body import FreeBodyForcing, FreeBodyLagrangian, unit_norm_constraint
 
@@ -51,13 +52,10 @@ STANDARD_GRAVITY = 9.80665
 
 
 def _arr(x, name, positive=True):
-    a = jnp.asarray(x)
-    if not jnp.issubdtype(a.dtype, jnp.floating):
-        a = a.astype(jnp.result_type(float))
-    if not isinstance(a, jax.core.Tracer):
+    a = as_float(x, name)
+    check_finite(a, name)
+    if is_concrete(a):
         v = np.asarray(a)
-        if not np.all(np.isfinite(v)):
-            raise ValueError(f"{name} contains NaN or inf: {v}")
         if positive and np.any(v <= 0):
             raise ValueError(f"{name} must be > 0; got {v}")
         if not positive and np.any(v < 0):
