@@ -212,9 +212,8 @@ def _packed_vi_step(
         )
         sing = singular(jnp.stack(piv, -1))
         nonfinite = ~_all_finite(z1)
-        # the residual at the iterate this update started from: r is materialised already (a
-        # maximum over r1 would compute the DEL residual a second time)
-        return newton.Update(z1, converged, sing, nonfinite, _max_abs(r))
+        res = jnp.where(sing | nonfinite, _max_abs(r), _max_abs(r1))
+        return newton.Update(z1, converged, sing, nonfinite, res)
 
     def tangent_solve(g, y):
         # block diagonal over the members: one column per unknown for all at once

@@ -66,7 +66,8 @@ def _shamanskii_update(f, x, *, rtol, atol, linear_solver="elimination"):
     the exact Jacobian (``jax.jacfwd``) and a simplified-Newton update with the same LU factors
     (Shamanskii); converged when the latter's ``|dx_i| <= atol + rtol |x_i|`` for all ``i``.
 
-    ``residual``: ``max |f|`` at ``x``, the iterate the update started from.
+    ``residual``: ``max |f|`` at the Newton iterate (the last residual evaluated), or at ``x``
+    where the update fails (singular or non-finite: the solve keeps ``x``).
     """
 
     def value(y):
@@ -86,7 +87,8 @@ def _shamanskii_update(f, x, *, rtol, atol, linear_solver="elimination"):
     x_new = x1 + dx
     converged = jnp.all(jnp.abs(dx) <= atol + rtol * jnp.abs(x_new))
     nonfinite = ~jnp.all(jnp.isfinite(x_new))
-    return newton.Update(x_new, converged, singular, nonfinite, jnp.max(jnp.abs(r)))
+    residual = jnp.where(singular | nonfinite, jnp.max(jnp.abs(r)), jnp.max(jnp.abs(r1)))
+    return newton.Update(x_new, converged, singular, nonfinite, residual)
 
 
 def _solve_del(
@@ -187,8 +189,8 @@ class MidpointVI(AbstractStepper):
         (zero pivot in the DEL Jacobian, e.g. a coordinate without inertia), ``NONFINITE``,
         ``INVALID_INPUT`` (traced ``dt`` out of range); on failure the input state is returned
         unchanged. ``info.iterations``: Newton iterations (Jacobians evaluated);
-        ``info.residual``: ``max |F|`` of the DEL residual where the last iteration started
-        (its Newton and simplified-Newton updates remove it to second order and beyond);
+        ``info.residual``: ``max |F|`` of the DEL residual at the last Newton iterate (before
+        the final simplified-Newton update, which removes it to first order);
         ``info.rotation``, rad (0 when the system defines no ``rotation``): on success the
         larger of ``system.rotation(q1, q2)`` and the rotation implied by the input velocity
         over ``dt`` (``|omega| dt`` for :func:`rigidjax.systems.rigid_body`); on failure the
