@@ -12,8 +12,8 @@ stepper class in the attribute ``stepper``: :func:`as_stepper` turns the functio
 ``rollout(partial(midpoint_step, attitude="midpoint"), ...)`` runs the fast form as
 ``rollout(Midpoint(attitude="midpoint"), ...)`` does.
 
-Layers (``docs/architecture.md``): this module sits above :mod:`rigidjax.info` and below the
-steppers and rollouts; it imports neither.
+Layers (``docs/architecture.md``): this module sits below the steppers and rollouts and
+imports neither.
 """
 
 from __future__ import annotations
@@ -21,11 +21,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
+import numbers
 from typing import Callable
 
 import equinox as eqx
+import numpy as np
 
-__all__ = ["AbstractStepper", "PackedStep", "as_stepper", "packed_form", "unwrap_partial"]
+__all__ = ["AbstractStepper", "PackedStep", "as_stepper", "check_options", "make", "packed_form", "unwrap_partial"]
 
 
 class PackedStep(eqx.Module):
@@ -71,6 +73,35 @@ class AbstractStepper(eqx.Module):
         """The structure-of-arrays form of this stepper on ``model``, or ``None`` where there
         is none (the rollouts then run :meth:`__call__`)."""
         return None
+
+
+def check_options(stepper, *, rotation=True, newton=True) -> None:
+    """The option checks every stepper shares (``ValueError`` naming the option):
+    ``max_rotation`` a number ``> 0`` rad (``inf`` disables the flag); with ``newton``,
+    ``max_iterations`` an integer ``>= 1`` and ``rtol``/``atol`` ``None`` or finite ``>= 0``."""
+    name = type(stepper).__name__
+    if rotation:
+        r = stepper.max_rotation
+        if isinstance(r, bool) or not isinstance(r, numbers.Real) or not r > 0:
+            raise ValueError(f"{name}: max_rotation must be a number > 0 rad (inf disables the flag); got {r!r}")
+    if newton:
+        k = stepper.max_iterations
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+            raise ValueError(f"{name}: max_iterations must be an integer >= 1; got {k!r}")
+        for tol in ("rtol", "atol"):
+            v = getattr(stepper, tol)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v < np.inf):
+                raise ValueError(f"{name}: {tol} must be None (the dtype's default) or a finite number >= 0; got {v!r}")
+
+
+def make(cls, function: str, options: dict):
+    """``cls(**options)`` for the function form ``function`` of a stepper; an unknown option
+    raises a ``TypeError`` that names the function and the options it takes."""
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise TypeError(f"{function}: unknown option(s) {unknown}; the options are {known} (rigidjax.{cls.__name__})")
+    return cls(**options)
 
 
 def unwrap_partial(step):

@@ -6,6 +6,7 @@ import functools
 
 import equinox as eqx
 import jax
+import numpy as np
 import jax.numpy as jnp
 
 from .. import newton, so3
@@ -13,7 +14,7 @@ from ..info import Status, StepInfo, make_info, rotation_status, step_status
 from ..linalg import METHODS, lu_factor_small, lu_solve_small
 from ..linalg import singular as linalg_singular
 from ..numerics import check_kinds, where_tree
-from ..stepper import AbstractStepper, PackedStep
+from ..stepper import AbstractStepper, PackedStep, check_options, make
 from .equations import (
     _check_state_shape,
     _constraint_force,
@@ -108,6 +109,11 @@ class GeneralizedAlphaEP(AbstractStepper):
     def __check_init__(self):
         if self.linear_solver not in METHODS:
             raise ValueError(f"linear_solver must be one of {METHODS}; got {self.linear_solver!r}")
+        if not isinstance(self.scheme, GeneralizedAlpha):
+            raise ValueError(f"scheme must be a GeneralizedAlpha (generalized_alpha, newmark); got {self.scheme!r}")
+        if not isinstance(self.stabilized, (bool, np.bool_)):
+            raise ValueError(f"stabilized must be True or False; got {self.stabilized!r}")
+        check_options(self)
         if self.torque_frame not in ("body", "world"):
             raise ValueError(f"torque_frame must be 'body' or 'world'; got {self.torque_frame!r}")
         if int(self.max_iterations) < 1:
@@ -274,7 +280,7 @@ def ep_step(model: EPModel, state: EPState, inputs: jax.Array | None, dt, **opti
     or ``None``). Bind options with ``functools.partial(ep_step, stabilized=False)``: the
     rollouts then run the same stepper object (``ep_step.stepper``).
     """
-    return GeneralizedAlphaEP(**options)(model, state, inputs, dt)
+    return make(GeneralizedAlphaEP, "ep_step", options)(model, state, inputs, dt)
 
 
 ep_step.stepper = GeneralizedAlphaEP

@@ -10,7 +10,7 @@ import jax
 
 from ..body import RigidBody, RigidBodyState, check_step_inputs
 from ..info import StepInfo
-from ..stepper import AbstractStepper, PackedStep
+from ..stepper import AbstractStepper, PackedStep, check_options, make
 from .adjoint import discrete_adjoint_scan
 from .core import _packed_step, pack_state, unpack_state
 
@@ -60,6 +60,7 @@ class Midpoint(AbstractStepper):
     def __check_init__(self):
         if self.attitude not in ("new", "midpoint"):
             raise ValueError(f"attitude must be 'new' or 'midpoint'; got {self.attitude!r}")
+        check_options(self, newton=False)
 
     def __call__(
         self, body: RigidBody, state: RigidBodyState, inputs: jax.Array | None, dt
@@ -92,7 +93,7 @@ def midpoint_step(
     Bind options with ``functools.partial(midpoint_step, attitude="midpoint")``: the rollouts
     then run the same stepper object (``midpoint_step.stepper``).
     """
-    return Midpoint(**options)(body, state, inputs, dt)
+    return make(Midpoint, "midpoint_step", options)(body, state, inputs, dt)
 
 
 midpoint_step.stepper = Midpoint

@@ -19,7 +19,7 @@ from ..info import Status, StepInfo, make_info, rotation_status, step_status
 from ..linalg import METHODS, lu_factor_small, lu_solve_small
 from ..linalg import singular as linalg_singular
 from ..numerics import as_float, check_kinds, where_tree
-from ..stepper import AbstractStepper, PackedStep
+from ..stepper import AbstractStepper, PackedStep, check_options, make
 from .packed import free_body_packed_step
 from .system import (
     MechanicalSystem,
@@ -223,6 +223,7 @@ class MidpointVI(AbstractStepper):
         if self.linear_solver not in METHODS:
             raise ValueError(f"linear_solver must be one of {METHODS}; got {self.linear_solver!r}")
         _check_split(self.forcing_split)
+        check_options(self)
         if not self.max_rotation > 0:
             raise ValueError(f"max_rotation must be > 0 rad (inf disables the check); got {self.max_rotation}")
         if int(self.max_iterations) < 1:
@@ -297,7 +298,7 @@ def vi_step(system: MechanicalSystem, state: VIState, inputs: Any, dt, **options
     ``functools.partial(vi_step, forcing_split="symmetric")``: the rollouts then run the same
     stepper object (``vi_step.stepper``).
     """
-    return MidpointVI(**options)(system, state, inputs, dt)
+    return make(MidpointVI, "vi_step", options)(system, state, inputs, dt)
 
 
 vi_step.stepper = MidpointVI
