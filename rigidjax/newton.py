@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from .info import Status
 from .linalg import solve_small
-from .numerics import derivative_only, where_tree
+from .numerics import derivative_only, materialize, where_tree
 
 __all__ = ["Update", "NewtonInfo", "solve", "custom_root", "dense_tangent_solve"]
 
@@ -74,11 +74,14 @@ def _loop(update: Callable, z0, max_iterations: int, stopped, dtype):
         run = running(c)
         u = update(z)
         new = jnp.where(u.singular, Status.SINGULAR, jnp.where(u.nonfinite, Status.NONFINITE, Status.SUCCESS))
-        new = new.astype(jnp.int32)
         ok = run & (new == Status.SUCCESS)
         conv = jnp.where(run, u.converged & (new == Status.SUCCESS), done)
         status = jnp.where(run, new, status)
         res = jnp.where(run, jnp.asarray(u.residual, dtype), res)
+        # the flags in one loop, read by every select below: else XLA:CPU fuses the whole
+        # flag computation (finiteness of the iterate, pivots) into each component's select
+        ok, conv, status, res = materialize(ok.astype(dtype), conv.astype(dtype), status.astype(dtype), res)
+        ok, conv, status = ok > 0.5, conv > 0.5, status.astype(jnp.int32)
         return it + run.astype(jnp.int32), where_tree(ok, u.z, z), conv, status, res
 
     init = (

@@ -204,7 +204,7 @@ def _packed_vi_step(
         # producers into each consumer)
         d = materialize(*d)
         z1 = tuple(zi + di for zi, di in zip(z, d))
-        r1 = full(z1)
+        r1 = materialize(*full(z1))  # one loop: the solve below and the residual read it
         d = materialize(*lu_solve_components(lu, [-x for x in r1]))
         z1 = tuple(zi + di for zi, di in zip(z1, d))
         converged = functools.reduce(
