@@ -15,6 +15,8 @@ from ._joint import multistart_check
 from ._model import simulate_omega
 from ._result import EXIT_CODES, FitStatus, InertiaFit, exit_code
 from .pendulum import PendulumFit, fit_pendulum, fit_pendulum_segments
+from . import observations, transforms
+from .problem import FreeBodyInitial, InitialState, MeasuredSegment, Parameter, Problem, ProblemFit, fit
 
 __all__ = [
     "fit_inertia",
@@ -29,4 +31,13 @@ __all__ = [
     "fit_pendulum",
     "fit_pendulum_segments",
     "PendulumFit",
+    "fit",
+    "Problem",
+    "ProblemFit",
+    "Parameter",
+    "MeasuredSegment",
+    "InitialState",
+    "FreeBodyInitial",
+    "observations",
+    "transforms",
 ]

@@ -1,0 +1,620 @@
+r"""Identify any parameter of any model from measured trajectories, with any of the steppers.
+
+A problem is: a model pytree and a stepper (:class:`rigidjax.Midpoint` for free bodies,
+:class:`rigidjax.GeneralizedAlphaEP` for jointed bodies, :class:`rigidjax.MidpointVI` for any
+Lagrangian); measured segments (:class:`MeasuredSegment`: sample times, measured arrays, known
+inputs per step); the quantities to fit (:class:`Parameter`: leaves of the model, each with a
+parametrisation from :mod:`rigidjax.identify.transforms`); the observations with their sensor
+models (:mod:`rigidjax.identify.observations`); and each segment's initial state, fully or
+partly unknown (:class:`FreeBodyInitial`, or :class:`InitialState` for any state).
+
+:func:`fit` minimises the sum of squared standardised residuals over
+
+``x = [model parameters | sensor parameters | initial-state unknowns of every segment]``
+
+by the bounded Levenberg-Marquardt of :mod:`rigidjax.identify._lm` with the exact Jacobian
+(forward mode through the rollouts, all starts and segments in one compiled, vmapped call),
+from several starts: the given values and random ones around them (``spread``: the standard
+deviation of the perturbation of the model parameters' unconstrained coordinates, e.g. a
+factor ``exp(0.5)`` of a positive one). What the result's ``status`` means:
+
+* ``converged``: the best start reached first-order optimality (:mod:`rigidjax.identify._lm`),
+  every step of every rollout succeeded at the optimum, and the data determine every fitted
+  coordinate (``J^T J`` well conditioned);
+* ``unidentifiable``: the optimum was reached but a combination of the fitted coordinates is
+  not determined (e.g. a frame offset and a free body's initial orientation);
+* ``nonfinite``: a rollout step failed (a Newton solve, NaN) at the best point;
+* ``max_steps`` / ``stalled``: the optimiser's cap came first / no step lowered the cost.
+
+``starts_at_best`` counts the starts that reached the best cost (relative 1e-6): one start
+out of many reaching it is a warning that the landscape has several basins.
+
+Uncertainty. Two covariances of the fitted coordinates are computed at the optimum:
+the classical ``s^2 (J^T J)^-1`` (``s^2 = RSS / (m - p)``, right for white noise) and a
+block sandwich ``A^-1 (sum_b J_b^T r_b r_b^T J_b) A^-1 m / (m - p)`` over blocks of ``L``
+consecutive samples of each segment, with ``L`` where the residuals' autocorrelation has
+fallen below 0.1: residuals that model error makes smooth (correlated) count as fewer
+independent samples than there are. The reported standard error of each value is the
+larger of the two, mapped to the value by the parametrisation's Jacobian.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import so3
+from ..body import RigidBodyState
+from ..info import Status
+from ..rollout import rollout
+from . import _lm
+from ._result import FitStatus, pm
+from .observations import rigid_body_signals
+from .transforms import Positive
+
+__all__ = ["MeasuredSegment", "Parameter", "InitialState", "FreeBodyInitial", "Problem", "ProblemFit", "fit"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredSegment:
+    """One measured stretch of motion.
+
+    Args:
+        t: ``(N,)`` sample times, s, strictly increasing.
+        data: ``{key: (N, k) array}``: the measured values the observations read.
+        state0: the initial state's start value (e.g. a :class:`rigidjax.RigidBodyState`);
+            its unknown parts are fitted (see the problem's ``initial``).
+        inputs: ``None`` or the stepper's known inputs per sample interval, leading axis
+            ``N - 1`` (e.g. ``(N - 1, 6)`` wrenches ``(force world N, torque body N m)`` for the
+            midpoint step), held over each interval.
+        name: a label for tables.
+    """
+
+    t: Any
+    data: dict
+    state0: Any
+    inputs: Any = None
+    name: str = ""
+
+    def __post_init__(self):
+        t = np.asarray(self.t, float)
+        if t.ndim != 1 or len(t) < 3:
+            raise ValueError(f"MeasuredSegment {self.name!r}: t must be 1-D with >= 3 samples; got shape {t.shape}")
+        if not np.all(np.isfinite(t)) or np.any(np.diff(t) <= 0):
+            raise ValueError(f"MeasuredSegment {self.name!r}: t must be finite and strictly increasing")
+        for k, v in self.data.items():
+            v = np.asarray(v)
+            if v.shape[:1] != t.shape:
+                raise ValueError(
+                    f"MeasuredSegment {self.name!r}: data[{k!r}] has {v.shape[:1]} samples, t has {len(t)}"
+                )
+            if not np.all(np.isfinite(v)):
+                raise ValueError(f"MeasuredSegment {self.name!r}: data[{k!r}] contains NaN or inf")
+        if self.inputs is not None:
+            for leaf in jax.tree_util.tree_leaves(self.inputs):
+                if np.shape(leaf)[:1] != (len(t) - 1,):
+                    raise ValueError(
+                        f"MeasuredSegment {self.name!r}: inputs need a leading axis of N - 1 = {len(t) - 1} "
+                        f"(one per sample interval); got {np.shape(leaf)}"
+                    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Parameter:
+    """A fitted quantity of the model.
+
+    Args:
+        where: ``where(model)`` returns the leaf (or a tuple of leaves) it sets, as for
+            :func:`equinox.tree_at`.
+        transform: the parametrisation (:class:`~rigidjax.identify.transforms.Positive`,
+            ``Real``, ``Bounded``, ``PseudoInertia``); default ``Positive()``.
+        into: ``None`` or ``into(value)`` returning what ``where`` points at, for a value that
+            is not the leaf itself (e.g. a pivot distance ``L`` into a joint point
+            ``(0, 0, L)``).
+        start: the start value; ``None``: the model's current leaf (needs ``into=None``).
+    """
+
+    where: Callable
+    transform: Any = Positive()
+    into: Callable | None = None
+    start: Any = None
+
+    def start_value(self, model):
+        if self.start is not None:
+            return self.start
+        if self.into is not None:
+            raise ValueError("Parameter: give `start` when `into` maps the value into the model")
+        return jax.tree_util.tree_map(np.asarray, self.where(model))
+
+
+@dataclasses.dataclass(frozen=True)
+class InitialState:
+    """Each segment's initial state from its unknowns ``z`` (``size`` of them).
+
+    Args:
+        size: unknowns per segment (0: the initial state is known).
+        build: ``build(model, z, state0) -> state``: the state from the unknowns and the
+            segment's ``state0`` (JAX, differentiable in ``model`` and ``z``).
+        guess: ``guess(state0) -> z0`` (NumPy): the unknowns' start value of a segment.
+    """
+
+    size: int
+    build: Callable
+    guess: Callable
+
+
+def FreeBodyInitial(fit: Sequence[str] = ("orientation", "angular_velocity")) -> InitialState:
+    """The unknowns of a :class:`rigidjax.RigidBodyState`: any of ``"position"`` (m),
+    ``"orientation"`` (a rotation vector ``phi``, rad: ``q0 = state0.orientation ⊗ exp(phi)``),
+    ``"velocity"`` (m/s, world) and ``"angular_velocity"`` (rad/s, body); 3 each, starting at
+    the segment's ``state0`` (``phi = 0``)."""
+    fields = ("position", "orientation", "velocity", "angular_velocity")
+    fit = tuple(fit)
+    bad = [f for f in fit if f not in fields]
+    if bad:
+        raise ValueError(f"FreeBodyInitial: unknown fields {bad}; choose from {fields}")
+
+    def build(model, z, s0: RigidBodyState):
+        new = {}
+        for i, f in enumerate(fit):
+            zi = z[3 * i : 3 * i + 3]
+            new[f] = so3.multiply(s0.orientation, so3.exp(zi)) if f == "orientation" else zi
+        return eqx.tree_at(lambda s: tuple(getattr(s, f) for f in fit), s0, tuple(new[f] for f in fit))
+
+    def guess(s0: RigidBodyState):
+        return np.concatenate([np.zeros(3) if f == "orientation" else np.asarray(getattr(s0, f), float) for f in fit])
+
+    return InitialState(3 * len(fit), build, guess)
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """A least-squares identification problem (see the module).
+
+    Args:
+        model: the model pytree (e.g. :class:`rigidjax.RigidBody`, an EP model, a mechanical
+            system); its non-fitted leaves are held fixed.
+        stepper: a stepper object or step function (``step(model, state, inputs, dt)``).
+        parameters: ``{name: Parameter}``.
+        observations: the observation models (:mod:`rigidjax.identify.observations`).
+        segments: the :class:`MeasuredSegment` list; all of one sample count ``N`` (cut or
+            split longer recordings).
+        initial: the initial-state unknowns (:func:`FreeBodyInitial` by default).
+        signals: ``signals(model, states) -> {name: (N, k)}``: what the observations read of
+            a trajectory (:func:`~rigidjax.identify.observations.rigid_body_signals` default).
+        substeps: steps per sample interval (>= 1).
+    """
+
+    model: Any
+    stepper: Callable
+    parameters: dict
+    observations: Sequence
+    segments: Sequence[MeasuredSegment]
+    initial: InitialState = dataclasses.field(default_factory=FreeBodyInitial)
+    signals: Callable = rigid_body_signals
+    substeps: int = 1
+
+    def __post_init__(self):
+        if not self.segments:
+            raise ValueError("Problem: no segments")
+        n = {len(np.asarray(s.t)) for s in self.segments}
+        if len(n) != 1:
+            raise ValueError(f"Problem: all segments need the same number of samples; got {sorted(n)}")
+        if not isinstance(self.substeps, (int, np.integer)) or self.substeps < 1:
+            raise ValueError(f"Problem: substeps must be an integer >= 1; got {self.substeps!r}")
+        for o in self.observations:
+            for s in self.segments:
+                if o.key not in s.data:
+                    raise ValueError(f"Problem: segment {s.name!r} has no data[{o.key!r}] for {type(o).__name__}")
+        if not self.parameters:
+            raise ValueError("Problem: no parameters to fit")
+        for name, p in self.parameters.items():
+            if not isinstance(p, Parameter):
+                raise TypeError(f"Problem: parameters[{name!r}] must be an identify.Parameter; got {type(p).__name__}")
+
+
+class _Layout:
+    """Where each quantity sits in the unknown vector ``x``."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self.slots = []  # (kind, name, transform, like, offset, size)
+        off = 0
+        for name, p in problem.parameters.items():
+            like = p.start_value(problem.model)
+            n = p.transform.size(like)
+            self.slots.append(("model", name, p.transform, like, off, n))
+            off += n
+        for i, o in enumerate(problem.observations):
+            width = np.shape(problem.segments[0].data[o.key])[-1]
+            for name, (tr, start) in o.parameters(width).items():
+                n = tr.size(start)
+                self.slots.append((f"sensor{i}", name, tr, start, off, n))
+                off += n
+        self.n_global = off
+        self.nz = problem.initial.size
+        self.S = len(problem.segments)
+        self.P = off + self.nz * self.S
+
+    def values(self, x):
+        """``(model values {name: value}, sensor values [ {name: value} per observation ])``."""
+        model_vals, sensor = {}, [dict() for _ in self.problem.observations]
+        for kind, name, tr, like, off, n in self.slots:
+            v = tr.forward(x[off : off + n], like)
+            if kind == "model":
+                model_vals[name] = v
+            else:
+                sensor[int(kind[6:])][name] = v
+        return model_vals, sensor
+
+    def model(self, x):
+        model_vals, _ = self.values(x)
+        m = self.problem.model
+        for name, p in self.problem.parameters.items():
+            v = model_vals[name]
+            if p.into is not None:
+                v = p.into(v)
+            v = jax.tree_util.tree_map(lambda a, old: jnp.asarray(a, jnp.asarray(old).dtype), v, p.where(m))
+            m = eqx.tree_at(p.where, m, v)
+        return m
+
+    def start(self) -> np.ndarray:
+        x = np.zeros(self.P)
+        for _, _, tr, like, off, n in self.slots:
+            x[off : off + n] = tr.inverse(like)
+        for s, seg in enumerate(self.problem.segments):
+            x[self.n_global + s * self.nz : self.n_global + (s + 1) * self.nz] = self.problem.initial.guess(seg.state0)
+        return x
+
+
+def _stack_segments(problem: Problem, dtype):
+    segs = problem.segments
+    k = problem.substeps
+    t = np.stack([np.asarray(s.t, float) for s in segs])
+    dt = np.repeat(np.diff(t, axis=1) / k, k, axis=1)
+    data = {o.key: np.stack([np.asarray(s.data[o.key], float) for s in segs]) for o in problem.observations}
+    weights = [np.stack([o.weight(np.asarray(s.t, float)) for s in segs]) for o in problem.observations]
+    state0 = jax.tree_util.tree_map(lambda *a: jnp.stack([jnp.asarray(x, dtype) for x in a]), *[s.state0 for s in segs])
+    if segs[0].inputs is None:
+        inputs = None
+    else:
+        inputs = jax.tree_util.tree_map(
+            lambda *a: jnp.stack([jnp.repeat(jnp.asarray(x, dtype), k, axis=0) for x in a]), *[s.inputs for s in segs]
+        )
+    cast = lambda a: jnp.asarray(a, dtype)  # noqa: E731
+    return cast(t), cast(dt), {kk: cast(v) for kk, v in data.items()}, [cast(w) for w in weights], state0, inputs
+
+
+def _residual_fn(problem: Problem, layout: _Layout, dtype):
+    """``residuals(x) -> (r (S, N, c) weighted, status (S,))`` for one unknown vector: the
+    rollouts' first failure per segment (``Status.SUCCESS`` where every step succeeded)."""
+    t, dt, data, weights, state0, inputs = _stack_segments(problem, dtype)
+    k, nz, ng, S = problem.substeps, layout.nz, layout.n_global, layout.S
+    n_steps = dt.shape[1]
+
+    def residuals(x):
+        model = layout.model(x)
+        _, sensor = layout.values(x)
+        Z = x[ng:].reshape(S, nz)
+
+        def one(z, s0, ts, dts, u, d, w):
+            st0 = problem.initial.build(model, z, s0)
+            traj = rollout(problem.stepper, model, st0, dts, n_steps, u)
+            sig = problem.signals(model, traj.states)
+            rs = []
+            for o, p, wi in zip(problem.observations, sensor, w):
+                pred = sig[o.signal][::k]
+                rs.append(o.residual(pred, ts, d[o.key], p) * wi[:, None])
+            # the first failure of the rollout (SUCCESS = 0 where none)
+            status = jnp.max(traj.info.status)
+            return jnp.concatenate(rs, -1), status
+
+        return jax.vmap(one)(Z, state0, t, dt, inputs, data, weights)
+
+    return residuals
+
+
+@dataclasses.dataclass
+class ProblemFit:
+    """The result of :func:`fit`.
+
+    Attributes:
+        status: :class:`rigidjax.identify.FitStatus`; ``message`` says why.
+        values: ``{name: value}`` of the model parameters (as their transform gives them).
+        se: ``{name: standard error}`` (same shapes; the larger of the classical and the
+            block-sandwich estimate, see the module).
+        sensor: per observation, ``{name: value}`` of its sensor parameters; ``sensor_se``
+            their standard errors.
+        initial: ``(S, nz)`` the fitted initial-state unknowns per segment.
+        model: the model with the fitted values.
+        cost: ``1/2 sum r^2`` at the optimum; ``rms``: per observation, the RMS residual in
+            the data's units (times ``sigma``).
+        covariance: of the flattened values (model then sensor), in ``names`` order.
+        names: the flattened values' names.
+        block: the sandwich's block length (samples).
+        iterations: optimiser iterations of the best start; ``starts``: starts run;
+            ``starts_at_best``: starts that reached the best cost (relative 1e-6).
+        decrement: the first-order optimality measure at the optimum (``_lm.decrement``).
+    """
+
+    status: FitStatus
+    message: str
+    values: dict
+    se: dict
+    sensor: list
+    sensor_se: list
+    initial: np.ndarray
+    model: Any
+    cost: float
+    rms: list
+    covariance: np.ndarray
+    names: list
+    block: int
+    iterations: int
+    starts: int
+    starts_at_best: int
+    decrement: float
+    x: np.ndarray
+
+    def __str__(self) -> str:
+        lines = [f"status: {self.status} ({self.message})"]
+        for name, v in self.values.items():
+            lines += _rows(name, v, self.se[name])
+        for i, (vals, ses) in enumerate(zip(self.sensor, self.sensor_se)):
+            for name, v in vals.items():
+                lines += _rows(f"sensor {i} {name}", v, ses[name])
+        lines.append(
+            f"cost {self.cost:.6g}; rms per observation {[float(f'{r:.4g}') for r in self.rms]}; "
+            f"{self.starts_at_best}/{self.starts} starts at the best cost; {self.iterations} iterations"
+        )
+        return "\n".join(lines)
+
+
+def _rows(name, v, e):
+    v, e = np.atleast_1d(np.asarray(v, float)), np.atleast_1d(np.asarray(e, float))
+    if v.size == 1:
+        return [f"  {name:<28} {pm(v[0], e[0])}"]
+    return [f"  {name}[{i}]".ljust(31) + f" {pm(a, b)}" for i, (a, b) in enumerate(zip(v.ravel(), e.ravel()))]
+
+
+def _block_length(r: np.ndarray) -> int:
+    """Lag (samples) where the residuals' mean autocorrelation first falls below 0.1."""
+    S, N, c = r.shape
+    x = r - r.mean(axis=1, keepdims=True)
+    var = np.sum(x * x, axis=1)  # (S, c)
+    ok = var > 0
+    if not np.any(ok):
+        return 1
+    for lag in range(1, N // 4):
+        ac = np.sum(x[:, lag:] * x[:, :-lag], axis=1)
+        if np.mean(ac[ok] / var[ok]) < 0.1:
+            return lag
+    return max(1, N // 4)
+
+
+def fit(
+    problem: Problem,
+    *,
+    starts: int = 8,
+    spread: float = 0.5,
+    seed: int = 0,
+    max_steps: int = 100,
+    dtype=jnp.float64,
+) -> ProblemFit:
+    """Fit ``problem`` (see the module for the method, statuses and uncertainties).
+
+    Args:
+        problem: the :class:`Problem`.
+        starts: starts of the optimiser (the given values first, then random ones).
+        spread: the random starts' perturbation of the model parameters' unconstrained
+            coordinates (standard deviation).
+        seed: random starts.
+        max_steps: Levenberg-Marquardt iterations per start.
+        dtype: the evaluation dtype (float64 needs ``jax_enable_x64``).
+
+    Returns:
+        :class:`ProblemFit`.
+
+    Raises:
+        ValueError: bad options; a start that cannot be evaluated (NaN) at the given values.
+    """
+    if not isinstance(starts, (int, np.integer)) or starts < 1:
+        raise ValueError(f"fit: starts must be an integer >= 1; got {starts!r}")
+    if not spread >= 0:
+        raise ValueError(f"fit: spread must be >= 0; got {spread!r}")
+    if jnp.dtype(dtype) == jnp.float64 and not jax.config.jax_enable_x64:
+        raise ValueError("fit: dtype float64 needs jax.config.update('jax_enable_x64', True) (or pass float32)")
+    layout = _Layout(problem)
+    residuals = _residual_fn(problem, layout, dtype)
+
+    @jax.jit
+    def jac_all(X):
+        def one(x):
+            r, status = residuals(x)
+            J = jax.jacfwd(lambda y: residuals(y)[0].reshape(-1))(x)
+            return r.reshape(-1), status, J
+
+        return jax.vmap(one)(X)
+
+    def run(X):
+        """Residuals, statuses and Jacobians of the points ``X (na <= starts, P)``, padded to one
+        batch size (one compiled program whatever the number of starts still running)."""
+        na = len(X)
+        padded = np.concatenate([X, np.repeat(X[:1], starts - na, 0)]) if na < starts else X
+        r, status, J = jac_all(jnp.asarray(padded, dtype))
+        return np.asarray(r, float)[:na], np.asarray(status)[:na], np.asarray(J, float)[:na]
+
+    def evaluate(X, rows):
+        r, status, J = run(X)
+        ok = np.all(status == Status.SUCCESS, axis=1) & np.all(np.isfinite(J), axis=(1, 2)) & np.all(np.isfinite(r), 1)
+        r0, J0 = np.where(ok[:, None], r, 0), np.where(ok[:, None, None], J, 0)
+        cost = np.where(ok, 0.5 * np.sum(r0 * r0, 1), np.inf)
+        return cost, np.einsum("ami,amj->aij", J0, J0), np.einsum("ami,am->ai", J0, r0), ok, np.zeros((len(X), 1))
+
+    x0 = layout.start()
+    r0, status0, _ = run(x0[None])
+    if np.any(status0 != Status.SUCCESS) or not np.all(np.isfinite(r0)):
+        failed = {str(Status(int(c)).name) for c in status0[0] if c != Status.SUCCESS}
+        raise ValueError(
+            "fit: the start values cannot be simulated: "
+            + (f"rollout steps failed with {sorted(failed)} " if failed else "NaN residuals ")
+            + "(INVALID_INPUT: an unphysical start, e.g. moments violating the triangle inequality; "
+            "transforms.PseudoInertia keeps every point physical)"
+        )
+    rng = np.random.default_rng(seed)
+    X0 = np.repeat(x0[None], starts, 0)
+    if starts > 1:
+        X0[1:, : layout.n_global] += spread * rng.standard_normal((starts - 1, layout.n_global)) * _model_mask(layout)
+    lo, hi = np.full(X0.shape, -np.inf), np.full(X0.shape, np.inf)
+    eps = float(jnp.finfo(dtype).eps)
+    st = _lm.solve(evaluate, X0, np.arange(starts), lo, hi, eps=eps, max_steps=max_steps)
+    cost = np.where(st["ok"], st["cost"], np.inf)
+    if not np.any(np.isfinite(cost)):
+        raise ValueError("fit: no start could be evaluated (NaN or a failed step at every start)")
+    b = int(np.argmin(cost))
+    at_best = int(np.sum(cost <= cost[b] * (1 + 1e-6) + 1e-300))
+    x = st["x"][b]
+    return _result(problem, layout, run, x, st, b, at_best, starts, dtype)
+
+
+def _model_mask(layout: _Layout) -> np.ndarray:
+    m = np.zeros(layout.n_global)
+    for kind, _, _, _, off, n in layout.slots:
+        if kind == "model":
+            m[off : off + n] = 1
+    return m
+
+
+def _result(problem, layout, run, x, st, b, at_best, starts, dtype) -> ProblemFit:
+    xj = jnp.asarray(x, dtype)
+    r, status, J = run(np.asarray(x)[None])
+    S, P = layout.S, layout.P
+    N = len(np.asarray(problem.segments[0].t))
+    r, ok, J = r[0].reshape(S, N, -1), status[0] == Status.SUCCESS, J[0].reshape(S, N, -1, P)
+    Jf = J.reshape(-1, P)
+    rf = r.reshape(-1)
+    live = np.any(Jf != 0, axis=1) | (rf != 0)
+    m = int(np.sum(live))
+    A = Jf.T @ Jf
+    rss = float(rf @ rf)
+    dof = m - P
+    s2 = rss / dof if dof > 0 else float("nan")
+    d = np.sqrt(np.maximum(np.diag(A), 1e-300))
+    An = A / d[:, None] / d[None, :]
+    w = np.linalg.eigvalsh(An)
+    singular = not np.all(np.isfinite(w)) or w.min() <= 1e-12 * w.max() or not np.isfinite(s2)
+    if singular:
+        cov = np.full((P, P), np.inf)
+    else:
+        Ainv = np.linalg.inv(An) / d[:, None] / d[None, :]
+        cov_classic = s2 * Ainv
+        L = _block_length(r)
+        scores = []
+        for s in range(S):
+            for i in range(0, N, L):
+                Jb = J[s, i : i + L].reshape(-1, P)
+                scores.append(Jb.T @ r[s, i : i + L].reshape(-1))
+        G = np.einsum("bi,bj->ij", np.array(scores), np.array(scores))
+        cov_hac = Ainv @ G @ Ainv * m / dof
+        cov = cov_classic
+        big = np.diag(cov_hac) > np.diag(cov_classic)
+        # the larger variance per coordinate, correlations of the classical estimate
+        scale = np.sqrt(np.where(big, np.diag(cov_hac) / np.diag(cov_classic), 1.0))
+        cov = cov_classic * scale[:, None] * scale[None, :]
+    L = _block_length(r) if not singular else 1
+
+    # values and their covariance (delta method through the transforms)
+    ng = layout.n_global
+
+    def value_vec(xg):
+        mv, sv = layout.values(jnp.concatenate([xg, xj[ng:]]))
+        # in insertion order (as the names below), not tree_leaves' sorted keys
+        vals = [v for v in mv.values()] + [v for d_ in sv for v in d_.values()]
+        return jnp.concatenate([jnp.ravel(jnp.asarray(a)) for a in jax.tree_util.tree_leaves(vals)])
+
+    Tv = np.asarray(jax.jacfwd(value_vec)(xj[:ng]), float)
+    cov_v = Tv @ cov[:ng, :ng] @ Tv.T if np.all(np.isfinite(cov[:ng, :ng])) else np.full((len(Tv), len(Tv)), np.inf)
+    se_flat = np.sqrt(np.maximum(np.diag(cov_v), 0))
+    mv, sv = layout.values(xj)
+    names, values, se, pos = [], {}, {}, 0
+    for name, v in mv.items():
+        v = jax.tree_util.tree_map(np.asarray, v)
+        values[name] = v
+        sizes = [np.size(a) for a in jax.tree_util.tree_leaves(v)]
+        parts = np.split(se_flat[pos : pos + sum(sizes)], np.cumsum(sizes)[:-1])
+        se[name] = jax.tree_util.tree_unflatten(
+            jax.tree_util.tree_structure(v),
+            [p.reshape(np.shape(a)) for p, a in zip(parts, jax.tree_util.tree_leaves(v))],
+        )
+        names += [f"{name}[{i}]" if sum(sizes) > 1 else name for i in range(sum(sizes))]
+        pos += sum(sizes)
+    sensor, sensor_se = [], []
+    for i, d_ in enumerate(sv):
+        vals, ses = {}, {}
+        for name, v in d_.items():
+            v = np.asarray(v)
+            vals[name] = v
+            ses[name] = se_flat[pos : pos + v.size].reshape(v.shape)
+            names += [f"sensor{i}.{name}[{j}]" if v.size > 1 else f"sensor{i}.{name}" for j in range(v.size)]
+            pos += v.size
+        sensor.append(vals)
+        sensor_se.append(ses)
+
+    # per observation RMS in data units
+    rms, col = [], 0
+    for o in problem.observations:
+        n_c = o.residual_size(np.shape(problem.segments[0].data[o.key])[-1])
+        w = np.stack([o.weight(np.asarray(s.t, float)) for s in problem.segments])
+        block = r[:, :, col : col + n_c] * o.sigma
+        rms.append(float(np.sqrt(np.sum(block**2) / max(1, n_c * np.sum(w > 0)))))
+        col += n_c
+
+    # the cost's round-off: a decrease the Gauss-Newton model still promises below it cannot be
+    # verified in this precision (noise-free data fitted to the simulation's own accuracy)
+    eps = float(jnp.finfo(dtype).eps)
+    mag = np.concatenate(
+        [np.stack([o.magnitude(s.data[o.key]) for s in problem.segments]) for o in problem.observations], -1
+    )
+    resolution = float(np.sum(np.abs(r) * mag))
+    lm_status = int(st["status"][b])
+    decrement = float(st["opt"][b])
+    if not np.all(ok):
+        status, msg = FitStatus.NONFINITE, "a rollout step failed at the best point"
+    elif lm_status == _lm.LMStatus.MAX_STEPS:
+        status, msg = FitStatus.MAX_STEPS, "the iteration cap came first (raise max_steps)"
+    elif lm_status == _lm.LMStatus.STALLED and decrement * 0.5 * rss > 10 * eps * resolution:
+        status, msg = FitStatus.STALLED, "no step lowers the cost, yet the point is not first-order optimal"
+    elif lm_status not in (_lm.LMStatus.CONVERGED, _lm.LMStatus.STALLED):
+        status, msg = FitStatus.NONFINITE, "the best start could not be evaluated"
+    elif singular:
+        status, msg = FitStatus.UNIDENTIFIABLE, "J^T J is singular: a combination of the unknowns is not determined"
+    elif lm_status == _lm.LMStatus.STALLED:
+        status, msg = FitStatus.CONVERGED, f"first-order optimal to the cost's round-off (decrement {decrement:.1e})"
+    else:
+        status, msg = FitStatus.CONVERGED, f"first-order optimal (decrement {decrement:.1e})"
+    return ProblemFit(
+        status=status,
+        message=msg,
+        values=values,
+        se=se,
+        sensor=sensor,
+        sensor_se=sensor_se,
+        initial=np.asarray(x[ng:]).reshape(layout.S, layout.nz),
+        model=layout.model(xj),
+        cost=0.5 * rss,
+        rms=rms,
+        covariance=cov_v,
+        names=names,
+        block=L,
+        iterations=int(st["it"][b]),
+        starts=starts,
+        starts_at_best=at_best,
+        decrement=decrement,
+        x=np.asarray(x),
+    )
