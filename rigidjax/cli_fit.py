@@ -26,6 +26,7 @@ from pathlib import Path
 from .identify import FitError, FitStatus, exit_code, fit_inertia, parse_scale
 from .identify._result import pm
 from .identify.pendulum import combine_pendulum, fit_pendulum_segments, looks_like_pendulum
+from .cli_motion import is_motion_csv, run_motion
 from .io import DataError, load
 from .synthetic import synthesize_recording
 
@@ -57,6 +58,10 @@ torque-free Euler equations at the measured timestamps, over the physically vali
 rate" export folder (windows from meta/segments.csv), a folder of many, a CSV (t,wx,wy,wz) or
 an NPZ (t, omega). Without PATH: a synthetic recording with known truth.
 
+A CSV with orientation (qw,qx,qy,qz: motion capture), position (x,y,z, m) or known body torques
+(tau_x,tau_y,tau_z, N m: moments in kg m^2) is fitted with every column it has, through
+rigidjax.identify.fit (gyro sensor model: --bias, --gain, --misalignment, --delay S).
+
 Recordings whose estimates disagree (a different body?) are named and not pooled. Each
 combined estimate comes with its statistical error (noise only) and a 95 % interval that
 covers the scatter between windows.
@@ -65,6 +70,8 @@ examples:
   rigidjax fit                                   # synthetic demo, truth printed beside estimate
   rigidjax fit ../shared/data/racquet-flips/flips --tensor --drag --json fit.json
   rigidjax fit recording/ --joint --scale Iy=1.3911e-3 --plot fit.png --segment 3
+  rigidjax fit mocap.csv                         # t,qw,qx,qy,qz[,x,y,z]: orientation (and position) only
+  rigidjax fit satellite.csv --bias --gain --delay 0.05   # t,wx,wy,wz,tau_x,tau_y,tau_z: kg m^2
 """
 
 
@@ -95,6 +102,9 @@ def add_parsers(subparsers) -> None:
         help="fit an angular air drag (default isotropic)",
     )
     p.add_argument("--bias", action="store_true", help="fit a constant gyroscope bias (per recording when --joint)")
+    p.add_argument("--gain", action="store_true", help="motion CSV: fit a per-axis gyroscope gain")
+    p.add_argument("--misalignment", action="store_true", help="motion CSV: fit a small rotation of the gyro axes")
+    p.add_argument("--delay", type=float, default=None, metavar="S", help="motion CSV: fit a gyro delay |tau| < S")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(
         "--per-window",
@@ -322,6 +332,8 @@ def run(args) -> int:
                 print(f"  scale fixed by the true Iy = {truth['Iy']:.6g} kg m^2")
         else:
             path = args.path
+            if is_motion_csv(path):
+                return run_motion(args, path)
         segs = _load("fit", path, args.select)
         if isinstance(segs, int):
             return segs

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-__all__ = ["DataError", "Segment", "load", "load_phyphox", "load_csv", "load_npz"]
+__all__ = ["DataError", "Segment", "Motion", "load", "load_phyphox", "load_csv", "load_npz", "load_motion_csv"]
 
 RAW_DATA = "Raw Data.csv"
 #: phyphox's column names of the "Gyroscope rotation rate" experiment (Raw Data.csv).
@@ -452,6 +452,81 @@ def load_csv(path) -> list[Segment]:
             i = int(np.argmax(bad))
             raise DataError(f"{_where(p, i + 2, 'qw')}: orientation is not a unit quaternion (|q| = {norm[i]})")
     return [Segment(t, omega, name=p.stem, source=str(p), **extra)]
+
+
+_CSV_TORQUE = ("tau_x", "tau_y", "tau_z")
+
+
+@dataclasses.dataclass(frozen=True)
+class Motion:
+    """One recording of motion for :func:`rigidjax.identify.fit` (numpy float64, read-only).
+
+    Attributes:
+        t: ``(n,)`` sample times, s, strictly increasing.
+        omega: ``(n, 3)`` body angular velocity, rad/s, or ``None``.
+        orientation: ``(n, 4)`` unit quaternions ``[w, x, y, z]`` body to world, or ``None``.
+        position: ``(n, 3)`` WORLD position, m, or ``None``.
+        torque: ``(n, 3)`` known applied torque in the BODY frame, N m, or ``None`` (held
+            from each sample to the next; the last row is not used).
+        source: the file.
+    """
+
+    t: np.ndarray
+    omega: np.ndarray | None
+    orientation: np.ndarray | None
+    position: np.ndarray | None
+    torque: np.ndarray | None
+    source: str = ""
+
+    @property
+    def kinds(self) -> list[str]:
+        """The measured quantities present (``omega``, ``orientation``, ``position``)."""
+        return [k for k in ("omega", "orientation", "position") if getattr(self, k) is not None]
+
+
+def load_motion_csv(path) -> Motion:
+    """Load a CSV of one recording with whatever it measured.
+
+    Columns (header required, any order): ``t`` (s) and at least one of ``wx, wy, wz`` (body
+    angular velocity, rad/s), ``qw, qx, qy, qz`` (orientation, body to world: motion capture
+    or an attitude filter) and ``x, y, z`` (world position, m); optional ``tau_x, tau_y,
+    tau_z`` (known torque on the body, body frame, N m). Every group must be complete.
+
+    Raises:
+        DataError: no measured group, incomplete groups, non-numeric/NaN cells,
+            non-increasing time, non-unit quaternions, fewer than 3 rows (file, line, column).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{p}: no such file")
+    df = _read_table(p)
+    _require_columns(df, p, ("t",))
+    if len(df) < 3:
+        raise DataError(f"{p}: needs at least 3 rows of samples; got {len(df)}")
+    t = _numeric_columns(df, p, ["t"])[:, 0]
+    _check_increasing(t, p, "t")
+    out = {}
+    groups = (("omega", _CSV_OMEGA), ("orientation", _CSV_QUAT), ("position", _CSV_POS), ("torque", _CSV_TORQUE))
+    for field, cols in groups:
+        present = [c for c in cols if c in df.columns]
+        if present and len(present) < len(cols):
+            raise DataError(f"{_where(p, 1)}: {field} needs all of {list(cols)}; found only {present}")
+        out[field] = _numeric_columns(df, p, list(cols)) if present else None
+    if all(out[k] is None for k in ("omega", "orientation", "position")):
+        raise DataError(
+            f"{_where(p, 1)}: no measured quantity: give wx,wy,wz (rad/s), qw,qx,qy,qz or x,y,z (m) "
+            f"besides t; the columns are {list(df.columns)}"
+        )
+    if out["orientation"] is not None:
+        norm = np.linalg.norm(out["orientation"], axis=-1)
+        bad = np.abs(norm - 1) > 1e-6
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise DataError(f"{_where(p, i + 2, 'qw')}: orientation is not a unit quaternion (|q| = {norm[i]})")
+    for v in [t, *out.values()]:
+        if v is not None:
+            v.setflags(write=False)
+    return Motion(t=t, source=str(p), **out)
 
 
 def load_npz(path) -> list[Segment]:

@@ -19,6 +19,7 @@ LAYERS = {
     "__init__": 7,
     "cli": 6,
     "cli_fit": 6,
+    "cli_motion": 6,
     "identify": 5,
     "scenarios": 5,
     "synthetic": 5,

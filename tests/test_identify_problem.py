@@ -8,9 +8,13 @@ one seed do not fail a test that is right), and the fit must report ``converged`
 
 from __future__ import annotations
 
+import hypothesis
+import hypothesis.extra.numpy as hnp
+import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from scipy.integrate import solve_ivp
 from scipy.spatial.transform import Rotation
 
@@ -310,3 +314,237 @@ def test_ep_compound_pendulum_pivot_distance_and_moment():
     assert f.status == identify.FitStatus.CONVERGED, f.message
     _within(f.values["distance"], d, f.se["distance"], 2)
     _within(f.values["Ixx"], Ixx, f.se["Ixx"], 2)
+
+
+@hypothesis.settings(max_examples=60, deadline=None)
+@hypothesis.given(hnp.arrays(np.float64, 10, elements=st.floats(-2.0, 2.0)))
+def test_pseudo_inertia_is_physical_and_invertible(u):
+    """Every u in R^10 is a physical body (mass > 0, inertia positive definite and obeying the
+    triangle inequality) and inverse(forward(u)) = u (the log-Cholesky map is a bijection)."""
+    m, c, inertia = (np.asarray(a) for a in tr.rigid_body_parameters(jnp.asarray(u)))
+    assert m > 0
+    ev = np.linalg.eigvalsh(inertia)
+    assert ev.min() > 0
+    # triangle inequality of the principal moments, to round-off
+    assert ev[0] + ev[1] >= ev[2] * (1 - 1e-9)
+    np.testing.assert_allclose(tr.PseudoInertia().inverse((m, c, inertia)), u, atol=1e-8)
+
+
+def test_pseudo_inertia_known_body_and_errors():
+    """A box's (mass, centre of mass, inertia) survives the round trip; unphysical starts raise."""
+    m, c, inertia = 2.0, np.array([0.1, -0.2, 0.3]), np.diag([0.02, 0.03, 0.04])
+    u = tr.PseudoInertia().inverse((m, c, inertia))
+    m2, c2, i2 = tr.rigid_body_parameters(jnp.asarray(u))
+    np.testing.assert_allclose(m2, m, rtol=1e-12)
+    np.testing.assert_allclose(c2, c, atol=1e-12)
+    np.testing.assert_allclose(i2, inertia, atol=1e-12)
+    with pytest.raises(ValueError, match="not a physical rigid body"):
+        tr.PseudoInertia().inverse((1.0, np.zeros(3), np.diag([1.0, 1.0, 3.0])))
+    with pytest.raises(ValueError, match="> 0"):
+        tr.Positive().inverse([1.0, -1.0])
+    with pytest.raises(ValueError, match="lo < hi"):
+        tr.Bounded(1.0, 0.0)
+
+
+def _free_body_segment(n=60, dt=0.01):
+    t = np.arange(n) * dt
+    w, q = free_body_truth(INERTIA, W0, np.array([1.0, 0, 0, 0]), t)
+    return identify.MeasuredSegment(t=t, data={"omega": w, "q": q}, state0=_state0(w[0], q[0]))
+
+
+def _problem(segs, **kw):
+    base = dict(
+        model=rj.RigidBody(1.0, INERTIA),
+        stepper=rj.Midpoint(),
+        parameters={"ratios": identify.Parameter(lambda m: m.inertia, tr.Positive(), into=_ratios, start=[2.1, 2.7])},
+        observations=[obs.AngularVelocity(bias=False, sigma=1e-3)],
+        segments=segs,
+        initial=identify.FreeBodyInitial(("angular_velocity",)),
+    )
+    base.update(kw)
+    return identify.Problem(**base)
+
+
+def test_unidentifiable_is_reported():
+    """A frame offset of motion capture and a free body's initial orientation are the same
+    unknown (torque-free: q_meas = q_off q0 Delta(t)): the fit says unidentifiable, with no
+    finite standard error, instead of converged."""
+    rng = np.random.default_rng(3)
+    seg = _free_body_segment()
+    q = seg.data["q"]
+    noisy = identify.MeasuredSegment(t=seg.t, data={"q": q + 1e-4 * rng.standard_normal(q.shape)}, state0=seg.state0)
+    problem = _problem(
+        [noisy],
+        observations=[obs.Orientation(frame_offset=True, sigma=1e-3)],
+        initial=identify.FreeBodyInitial(("orientation", "angular_velocity")),
+    )
+    f = identify.fit(problem, starts=1)
+    assert f.status == identify.FitStatus.UNIDENTIFIABLE, f.message
+    assert not np.all(np.isfinite(f.se["ratios"]))
+    d = f.to_dict()
+    assert d["status"] == "unidentifiable" and len(d["names"]) == len(d["covariance"])
+
+
+def test_bad_problems_raise_clear_errors():
+    seg = _free_body_segment()
+    with pytest.raises(ValueError, match="triangle inequality"):
+        identify.fit(
+            _problem(
+                [seg],
+                parameters={
+                    "m": identify.Parameter(lambda m: m.inertia, tr.Positive(), into=jnp.diag, start=[1, 1, 3])
+                },
+            )
+        )
+    with pytest.raises(ValueError, match="no data"):
+        _problem([seg], observations=[obs.Position()])
+    with pytest.raises(ValueError, match="strictly increasing"):
+        identify.MeasuredSegment(t=[0.0, 0.2, 0.1], data={}, state0=None)
+    with pytest.raises(ValueError, match="samples"):
+        identify.MeasuredSegment(t=[0.0, 0.1, 0.2], data={"omega": np.zeros((2, 3))}, state0=None)
+    with pytest.raises(ValueError, match="NaN"):
+        identify.MeasuredSegment(t=[0.0, 0.1, 0.2], data={"omega": np.full((3, 3), np.nan)}, state0=None)
+    with pytest.raises(ValueError, match="same number of samples"):
+        _problem([seg, _free_body_segment(n=50)])
+    with pytest.raises(ValueError, match="max_delay"):
+        obs.AngularVelocity(max_delay=-1.0).parameters()
+    with pytest.raises(ValueError, match="starts"):
+        identify.fit(_problem([seg]), starts=0)
+
+
+def _pendulum_problem(seed, n=200):
+    from rigidjax import systems
+    from rigidjax.variational import vi_state
+
+    rng = np.random.default_rng(seed)
+    L, c, m, noise, dt = 0.8, 0.05, 1.0, 1e-3, 0.01
+    t = np.arange(n) * dt
+    y = pendulum_truth(0.8, 0.0, t, omega2=G / L, c_over_i=c / (m * L**2))
+    meas = y[:, :1] + noise * rng.standard_normal((n, 1))
+    seg = identify.MeasuredSegment(t=t, data={"theta": meas}, state0=np.array([meas[0, 0], 0.0]))
+    problem = identify.Problem(
+        model=systems.pendulum(length=1.0, mass=m, gravity=G, damping=0.01),
+        stepper=rj.MidpointVI(forcing_split="symmetric"),
+        parameters={
+            "length": identify.Parameter(
+                lambda sys: (sys.lagrangian.inertia, sys.lagrangian.moment),
+                tr.Positive(),
+                into=lambda l: (m * l[0] ** 2, m * G * l[0]),
+                start=np.array([1.0]),
+            ),
+            "damping": identify.Parameter(lambda sys: sys.forcing.damping, tr.Positive(), start=np.array(0.01)),
+        },
+        observations=[obs.Signal("theta", "theta", sigma=noise)],
+        segments=[seg],
+        initial=identify.InitialState(2, lambda s, z, s0: vi_state(s, z[:1], z[1:2], check=False), np.asarray),
+        signals=lambda system, states: {"theta": states.q},
+        substeps=2,
+    )
+    return problem, {"length": L, "damping": c}
+
+
+def _torque_problem(seed, n=100):
+    rng = np.random.default_rng(seed)
+    dt, noise = 0.01, 0.01
+    t = np.arange(n) * dt
+    torque = np.stack([0.5 * np.sin(3 * t[:-1]), 0.4 * np.cos(2 * t[:-1]), 0.3 * np.sin(5 * t[:-1] + 1)], -1)
+    w0 = np.array([0.4, -0.3, 0.8])
+    w, _ = free_body_truth(INERTIA, w0, np.array([1.0, 0, 0, 0]), t, torque=torque)
+    inputs = np.concatenate([np.zeros((n - 1, 3)), torque], -1)
+    y = w + noise * rng.standard_normal(w.shape)
+    seg = identify.MeasuredSegment(t=t, data={"omega": y}, state0=_state0(y[0]), inputs=inputs)
+    problem = _problem(
+        [seg],
+        parameters={
+            "moments": identify.Parameter(lambda m: m.inertia, tr.Positive(), into=jnp.diag, start=[1.5, 1.5, 1.5])
+        },
+        observations=[obs.AngularVelocity(bias=True, sigma=noise)],
+        substeps=4,
+    )
+    return problem, {"moments": INERTIA}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [_pendulum_problem, _torque_problem], ids=["vi-pendulum", "known-torques"])
+def test_interval_coverage(make):
+    """Nominal 95 % intervals (value +- 1.96 se) cover the truth in 90-99 % of the cases over 50
+    noise seeds (every fitted value counted; binomial sd at 95 % and >= 100 intervals: ~2 %)."""
+    hits, total = 0, 0
+    for seed in range(50):
+        problem, truth = make(seed)
+        f = identify.fit(problem, starts=1)
+        assert f.status == identify.FitStatus.CONVERGED, (seed, f.message)
+        for k, v in truth.items():
+            inside = np.abs(np.asarray(f.values[k]) - v) <= 1.96 * np.asarray(f.se[k])
+            hits += int(np.sum(inside))
+            total += int(np.size(inside))
+    print(f"coverage {hits}/{total} = {hits / total:.3f}")
+    assert 0.90 <= hits / total <= 0.99
+
+
+def _write_csv(path, columns: dict):
+    import pandas as pd
+
+    pd.DataFrame(columns).to_csv(path, index=False)
+
+
+@pytest.mark.parametrize("layout", ["orientation", "orientation+position", "gyro+torque"])
+def test_cli_fits_the_columns_the_file_has(tmp_path, layout, capsys):
+    """`rigidjax fit FILE.csv` on the three layouts of the general layer: motion capture
+    (quaternions), quaternions with positions (gravity fitted), and a gyroscope with known
+    body torques (absolute moments). Synthetic truths from DOP853; JSON written."""
+    from rigidjax.cli import main
+
+    rng = np.random.default_rng(11)
+    dt, n = 0.01, 100
+    t = np.arange(n) * dt
+    torque = None
+    if layout == "gyro+torque":
+        torque = np.stack([0.5 * np.sin(3 * t), 0.4 * np.cos(2 * t), 0.3 * np.sin(5 * t + 1)], -1)
+    w, q = free_body_truth(
+        INERTIA, W0, np.array([0.8, 0.6, 0.0, 0.0]), t, torque=None if torque is None else torque[:-1]
+    )
+    cols = {"t": t}
+    if layout.startswith("orientation"):
+        qm = q + 2e-4 * rng.standard_normal(q.shape)
+        qm /= np.linalg.norm(qm, axis=1, keepdims=True)
+        cols.update(qw=qm[:, 0], qx=qm[:, 1], qy=qm[:, 2], qz=qm[:, 3])
+    if layout == "orientation+position":
+        g = np.array([0.0, 0.0, -9.81])
+        x = np.array([0.1, 0.2, 1.0]) + np.outer(t, [0.5, -0.2, 3.0]) + 0.5 * np.outer(t**2, g)
+        x += 1e-4 * rng.standard_normal(x.shape)
+        cols.update(x=x[:, 0], y=x[:, 1], z=x[:, 2])
+    if layout == "gyro+torque":
+        y = w + 0.002 * rng.standard_normal(w.shape)
+        cols.update(wx=y[:, 0], wy=y[:, 1], wz=y[:, 2], tau_x=torque[:, 0], tau_y=torque[:, 1], tau_z=torque[:, 2])
+    f = tmp_path / "rec.csv"
+    _write_csv(f, cols)
+    out = tmp_path / "fit.json"
+    code = main(["fit", str(f), "--json", str(out), "--quiet", "--starts", "2"])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    import json
+
+    d = json.loads(out.read_text())
+    assert d["status"] == "converged"
+    if layout == "gyro+torque":
+        _within(d["values"]["moments"], INERTIA, d["se"]["moments"], 3)
+    else:
+        _within(d["values"]["ratios"], INERTIA[1:] / INERTIA[0], d["se"]["ratios"], 3)
+    if layout == "orientation+position":
+        _within(d["values"]["gravity"], [0, 0, -9.81], d["se"]["gravity"], 3)
+
+
+def test_cli_motion_csv_errors(tmp_path, capsys):
+    from rigidjax.cli import main
+
+    f = tmp_path / "bad.csv"
+    _write_csv(f, {"t": [0.0, 0.1, 0.2], "qw": [1.0, 1, 1], "qx": [0.0, 0, 0]})
+    assert main(["fit", str(f)]) == 2
+    assert "orientation needs all of" in capsys.readouterr().err
+    _write_csv(f, {"t": [0.0, 0.1, 0.2], "foo": [1.0, 2, 3]})
+    assert main(["fit", str(f)]) == 2
+    assert "no measured quantity" in capsys.readouterr().err
+    _write_csv(f, {"t": [0.0, 0.1, 0.2], "qw": [1.0, 1, 1], "qx": [0.0] * 3, "qy": [0.0] * 3, "qz": [0.0] * 3})
+    assert main(["fit", str(f), "--tensor"]) == 2
+    assert "gyroscope-only" in capsys.readouterr().err

@@ -6,6 +6,10 @@ r"""Identification from measured motion: inertia from free flights, a pendulum's
 * :func:`fit_pendulum`, :func:`fit_pendulum_segments`: a physical pendulum's frequency,
   moment about the pivot and damping through variational rollouts
   (:mod:`rigidjax.identify.pendulum`).
+* :func:`fit` on a :class:`Problem`: any leaves of any model through any stepper (midpoint,
+  Euler-parameter, variational), with sensor models (:mod:`rigidjax.identify.observations`),
+  parametrisations (:mod:`rigidjax.identify.transforms`), known inputs and unknown initial
+  states; see :mod:`rigidjax.identify.problem`.
 * :class:`FitStatus`: one status vocabulary for every fit.
 """
 
@@ -15,7 +19,7 @@ from ._joint import multistart_check
 from ._model import simulate_omega
 from ._result import EXIT_CODES, FitStatus, InertiaFit, exit_code
 from .pendulum import PendulumFit, fit_pendulum, fit_pendulum_segments
-from . import observations, transforms
+from . import observations, recipes, transforms
 from .problem import FreeBodyInitial, InitialState, MeasuredSegment, Parameter, Problem, ProblemFit, fit
 
 __all__ = [
@@ -40,4 +44,5 @@ __all__ = [
     "FreeBodyInitial",
     "observations",
     "transforms",
+    "recipes",
 ]

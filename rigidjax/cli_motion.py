@@ -1,0 +1,87 @@
+"""``rigidjax fit FILE.csv`` for recordings beyond a gyroscope: orientation (motion capture or an
+attitude filter), position, and known torques, through :func:`rigidjax.identify.fit`
+(:func:`rigidjax.identify.recipes.free_body_problem`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .identify import FitError, exit_code, fit
+from .identify.recipes import free_body_problem
+from .io import DataError, load_motion_csv
+
+__all__ = ["is_motion_csv", "run_motion"]
+
+#: The most samples the dense general fit accepts in one recording.
+MAX_SAMPLES = 20_000
+
+
+def is_motion_csv(path) -> bool:
+    """A CSV (not a phyphox export) with orientation, position or torque columns, or without a
+    gyroscope: the general layer's recording (:func:`rigidjax.io.load_motion_csv`)."""
+    p = Path(path)
+    if not (p.is_file() and p.suffix.lower() == ".csv" and p.name != "Raw Data.csv"):
+        return False
+    try:
+        with open(p, encoding="utf-8-sig") as f:
+            header = {c.strip() for c in f.readline().split(",")}
+    except (OSError, UnicodeDecodeError):
+        return False
+    return bool(header & {"qw", "x", "tau_x"}) or not {"wx", "wy", "wz"} <= header
+
+
+def _error(msg: str) -> int:
+    print(f"rigidjax fit: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def run_motion(args, path) -> int:
+    """Fit one motion CSV (see module); returns the exit code (0 converged, 1 not fully
+    trustworthy, 2 bad input)."""
+    try:
+        motion = load_motion_csv(path)
+    except DataError as e:
+        return _error(str(e))
+    if len(motion.t) > MAX_SAMPLES:
+        return _error(f"{path}: {len(motion.t)} samples; at most {MAX_SAMPLES} per recording (cut it into windows)")
+    if args.tensor or args.drag or args.joint or args.scale:
+        return _error(
+            "--tensor, --drag, --joint and --scale apply to gyroscope-only recordings; this file has "
+            f"{', '.join(motion.kinds)}{' and torques' if motion.torque is not None else ''}"
+        )
+    if args.delay is not None and not args.delay > 0:
+        return _error(f"--delay must be > 0 s; got {args.delay}")
+    substeps = None if args.substeps == "auto" else int(args.substeps)
+    try:
+        problem = free_body_problem(
+            motion,
+            bias=args.bias,
+            gain=args.gain,
+            misalignment=args.misalignment,
+            max_delay=args.delay,
+            substeps=substeps,
+        )
+    except (ValueError, FitError) as e:
+        return _error(str(e))
+    kinds = ", ".join(motion.kinds) + (" with known torques" if motion.torque is not None else "")
+    if not args.quiet:
+        print(
+            f"{path}: {len(motion.t)} samples of {kinds}; {problem.substeps} sub-steps; compiling and fitting ...",
+            file=sys.stderr,
+        )
+    try:
+        result = fit(problem, starts=args.starts, seed=args.seed, max_steps=args.max_steps)
+    except ValueError as e:
+        return _error(str(e))
+    print(f"{Path(path).name}: {kinds}")
+    print(result)
+    if "ratios" in result.values:
+        print("  (torque-free motion fixes only ratios: Iy/Ix, Iz/Ix; add tau_x,tau_y,tau_z columns for kg m^2)")
+    if args.json:
+        try:
+            Path(args.json).write_text(json.dumps({"file": str(path), "data": kinds, **result.to_dict()}, indent=1))
+        except OSError as e:
+            return _error(f"--json {args.json}: cannot write: {e.strerror or e}")
+    return exit_code(result.status)

@@ -1,0 +1,172 @@
+r"""Ready-made :class:`rigidjax.identify.Problem`\ s for common recordings.
+
+:func:`free_body_problem` turns one :class:`rigidjax.io.Motion` (a free or torque-driven rigid
+body seen by a gyroscope, motion capture and/or a position tracker) into a problem for
+:func:`rigidjax.identify.fit`, with start values from the data:
+
+* inertia: principal moments along the body axes; absolute (kg m^2) when the recording has
+  known torques, else ratios with ``Ix = 1`` (torque-free motion fixes only ratios). The start
+  is the equation-error estimate (``I omega_dot = tau + (I omega) x omega`` solved in the least
+  squares sense for the diagonal ``I``, with the rates from the gyroscope or from the
+  orientation's finite differences), or ``(1, 1.5, 2)`` where that is not physical;
+* gravity (m/s^2, world), fitted where the position is measured, started from the mean
+  second difference of the positions (any world axes);
+* initial state: angular velocity always, the orientation where it is measured, position and
+  velocity where the position is;
+* observations weighted by noise levels estimated from second differences of each signal
+  (white noise: ``std(diff2) / sqrt(6)``); the fit's covariance rescales by the residuals, so
+  only the relative weights matter;
+* sub-steps from the fastest rotation per sample: ``ceil(max |omega| dt / 0.02)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+from ..body import RigidBody, RigidBodyState
+from ..io import Motion
+from ..midpoint import Midpoint
+from . import observations as obs
+from .problem import FreeBodyInitial, MeasuredSegment, Parameter, Problem
+from .transforms import Positive, Real
+
+__all__ = ["free_body_problem", "noise_level", "rates_from_orientation"]
+
+
+def noise_level(y: np.ndarray) -> float:
+    """White-noise standard deviation of a smooth signal ``(n, k)`` from its second differences."""
+    d2 = np.diff(np.asarray(y, float), 2, axis=0)
+    s = float(np.median(np.abs(d2 - np.median(d2, axis=0))) * 1.4826 / math.sqrt(6))
+    return s if s > 0 else 1e-6
+
+
+def rates_from_orientation(t: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Body angular velocity ``(n, 3)`` rad/s from unit quaternions ``(n, 4)`` by central
+    differences of ``2 conj(q) dq/dt`` (signs of ``q`` made continuous first)."""
+    q = np.array(q, float)
+    for i in range(1, len(q)):
+        if np.dot(q[i], q[i - 1]) < 0:
+            q[i] = -q[i]
+    dq = np.gradient(q, t, axis=0)
+    w, x, y, z = q.T
+    dw, dx, dy, dz = dq.T
+    # 2 conj(q) ⊗ dq, vector part
+    return 2 * np.stack(
+        [w * dx - x * dw - y * dz + z * dy, w * dy - y * dw - z * dx + x * dz, w * dz - z * dw - x * dy + y * dx], -1
+    )
+
+
+def _moments_start(t, omega, torque) -> np.ndarray:
+    """Equation-error estimate of the diagonal inertia (see module)."""
+    wd = np.gradient(omega, t, axis=0)
+    w1, w2, w3 = omega.T
+    # rows: I1 wd1 - (I2 - I3) w2 w3 = tau1, and cyclic
+    A = np.concatenate(
+        [
+            np.stack([wd[:, 0], -w2 * w3, w2 * w3], -1),
+            np.stack([w3 * w1, wd[:, 1], -w3 * w1], -1),
+            np.stack([-w1 * w2, w1 * w2, wd[:, 2]], -1),
+        ]
+    )
+    b = np.concatenate([torque[:, 0], torque[:, 1], torque[:, 2]]) if torque is not None else None
+    if b is None:  # ratios: I1 = 1
+        I23, *_ = np.linalg.lstsq(A[:, 1:], -A[:, 0], rcond=None)
+        moments = np.concatenate([[1.0], I23])
+    else:
+        moments, *_ = np.linalg.lstsq(A, b, rcond=None)
+    m = np.sort(moments)
+    if np.all(np.isfinite(moments)) and m[0] > 0 and m[0] + m[1] > m[2]:
+        return moments
+    scale = 1.0 if torque is None else float(np.median(np.abs(torque)) / max(np.median(np.abs(wd)), 1e-9))
+    return scale * np.array([1.0, 1.5, 2.0])
+
+
+def _ratios(v):
+    return jnp.diag(jnp.concatenate([jnp.ones((1,), v.dtype), v]))
+
+
+def free_body_problem(
+    motion: Motion,
+    *,
+    bias: bool = True,
+    gain: bool = False,
+    misalignment: bool = False,
+    max_delay: float | None = None,
+    substeps: int | None = None,
+) -> Problem:
+    """The identification problem of a rigid body's recording (see module).
+
+    Args:
+        motion: the recording (:func:`rigidjax.io.load_motion_csv`).
+        bias, gain, misalignment, max_delay: the gyroscope's sensor model
+            (:class:`rigidjax.identify.observations.AngularVelocity`; used where the recording
+            has a gyroscope).
+        substeps: steps per sample interval; ``None``: from the fastest rotation (see module).
+
+    Returns:
+        A :class:`rigidjax.identify.Problem`: parameters ``moments`` (kg m^2, with torques) or
+        ``ratios`` (``Iy/Ix, Iz/Ix``), and ``gravity`` where the position is measured.
+    """
+    t = np.asarray(motion.t, float)
+    has_q = motion.orientation is not None
+    omega = (
+        motion.omega if motion.omega is not None else (rates_from_orientation(t, motion.orientation) if has_q else None)
+    )
+    if omega is None:
+        omega = np.zeros((len(t), 3))
+    torque = motion.torque
+    moments0 = _moments_start(t, omega, torque)
+    params = {}
+    if torque is not None:
+        params["moments"] = Parameter(lambda m: m.inertia, Positive(), into=jnp.diag, start=moments0)
+    else:
+        params["ratios"] = Parameter(lambda m: m.inertia, Positive(), into=_ratios, start=moments0[1:] / moments0[0])
+    observations, fields = [], ["angular_velocity"]
+    gravity0 = np.zeros(3)
+    if motion.omega is not None:
+        observations.append(
+            obs.AngularVelocity(
+                bias=bias, gain=gain, misalignment=misalignment, max_delay=max_delay, sigma=noise_level(motion.omega)
+            )
+        )
+    if has_q:
+        observations.append(obs.Orientation(sigma=2 * noise_level(motion.orientation)))
+        fields.insert(0, "orientation")
+    if motion.position is not None:
+        observations.append(obs.Position(sigma=noise_level(motion.position)))
+        fields = ["position", "velocity", *fields]
+        dt = np.diff(t)
+        gravity0 = np.median(np.diff(motion.position, 2, axis=0) / (dt[1:, None] * dt[:-1, None]), axis=0)
+        params["gravity"] = Parameter(lambda m: m.gravity, Real(), start=gravity0)
+    data = {}
+    if motion.omega is not None:
+        data["omega"] = motion.omega
+    if has_q:
+        data["q"] = motion.orientation
+    if motion.position is not None:
+        data["x"] = motion.position
+    q0 = motion.orientation[0] * np.sign(motion.orientation[0, 0] or 1.0) if has_q else np.array([1.0, 0, 0, 0])
+    x0 = motion.position[0] if motion.position is not None else np.zeros(3)
+    v0 = (motion.position[1] - motion.position[0]) / (t[1] - t[0]) if motion.position is not None else np.zeros(3)
+    state0 = RigidBodyState(position=x0, orientation=q0, velocity=v0, angular_velocity=omega[0])
+    inputs = None
+    if torque is not None:
+        inputs = np.concatenate([np.zeros((len(t) - 1, 3)), torque[:-1]], -1)
+    if substeps is None:
+        substeps = max(1, math.ceil(float(np.max(np.linalg.norm(omega, axis=1)) * np.max(np.diff(t)) / 0.02)))
+    segment = MeasuredSegment(t=t, data=data, state0=state0, inputs=inputs, name=motion.source)
+    model = RigidBody(
+        1.0, jnp.diag(jnp.asarray(moments0 / moments0[0] if torque is None else moments0)), gravity=gravity0
+    )
+    return Problem(
+        model=model,
+        stepper=Midpoint(),
+        parameters=params,
+        observations=observations,
+        segments=[segment],
+        initial=FreeBodyInitial(tuple(fields)),
+        substeps=int(substeps),
+    )
