@@ -209,48 +209,13 @@ def pendulum_truth(theta0, rate0, t, *, omega2, c_over_i, torque_over_i=None):
 
 def test_vi_pendulum_length_and_damping():
     """(e) A simple pendulum's length and damping through the variational (DEL) stepper, from
-    an encoder's angle (1 mrad noise, 100 Hz), each swing's start unknown."""
-    from rigidjax import systems
-    from rigidjax.variational import vi_state
-
-    rng = np.random.default_rng(5)
-    L, c, m, noise = 0.8, 0.05, 1.0, 1e-3
-    dt, n = 0.01, 300
-    segs = []
-    for s, th0 in enumerate([0.5, 1.2]):
-        t = np.arange(n) * dt
-        y = pendulum_truth(th0, 0.0, t, omega2=G / L, c_over_i=c / (m * L**2))
-        meas = y[:, :1] + noise * rng.standard_normal((n, 1))
-        segs.append(
-            identify.MeasuredSegment(t=t, data={"theta": meas}, state0=np.array([meas[0, 0], 0.1]), name=f"swing{s}")
-        )
-
-    def build(system, z, s0):
-        return vi_state(system, z[:1], z[1:2], t=0.0, check=False)
-
-    problem = identify.Problem(
-        model=systems.pendulum(length=1.0, mass=m, gravity=G, damping=0.01),
-        stepper=rj.MidpointVI(forcing_split="symmetric"),
-        parameters={
-            "length": identify.Parameter(
-                lambda sys: (sys.lagrangian.inertia, sys.lagrangian.moment),
-                tr.Positive(),
-                into=lambda l: (m * l[0] ** 2, m * G * l[0]),
-                start=np.array([1.0]),
-            ),
-            "damping": identify.Parameter(lambda sys: sys.forcing.damping, tr.Positive(), start=np.array(0.01)),
-        },
-        observations=[obs.Signal("theta", "theta", sigma=noise)],
-        segments=segs,
-        initial=identify.InitialState(2, build, lambda s0: np.asarray(s0)),
-        signals=lambda system, states: {"theta": states.q},
-        substeps=2,
-    )
+    an encoder's angle (1 mrad noise, 100 Hz), two swings, each swing's start unknown."""
+    problem, truth = _pendulum_problem(5, n=300, amplitudes=(0.5, 1.2))
     f = identify.fit(problem, starts=3)
     print(f)
     assert f.status == identify.FitStatus.CONVERGED, f.message
-    _within(f.values["length"], L, f.se["length"], 2)
-    _within(f.values["damping"], c, f.se["damping"], 2)
+    _within(f.values["length"], truth["length"], f.se["length"], 2)
+    _within(f.values["damping"], truth["damping"], f.se["damping"], 2)
 
 
 def test_ep_compound_pendulum_pivot_distance_and_moment():
@@ -412,16 +377,20 @@ def test_bad_problems_raise_clear_errors():
         identify.fit(_problem([seg]), starts=0)
 
 
-def _pendulum_problem(seed, n=200):
+def _pendulum_problem(seed, n=200, amplitudes=(0.8,)):
+    """A pendulum (L = 0.8 m, c = 0.05 N m s) seen by an encoder (1 mrad) over one swing per
+    amplitude (rad, from rest), with the problem that fits L, c and each swing's start."""
     from rigidjax import systems
     from rigidjax.variational import vi_state
 
     rng = np.random.default_rng(seed)
     L, c, m, noise, dt = 0.8, 0.05, 1.0, 1e-3, 0.01
     t = np.arange(n) * dt
-    y = pendulum_truth(0.8, 0.0, t, omega2=G / L, c_over_i=c / (m * L**2))
-    meas = y[:, :1] + noise * rng.standard_normal((n, 1))
-    seg = identify.MeasuredSegment(t=t, data={"theta": meas}, state0=np.array([meas[0, 0], 0.0]))
+    segs = []
+    for th0 in amplitudes:
+        y = pendulum_truth(th0, 0.0, t, omega2=G / L, c_over_i=c / (m * L**2))
+        meas = y[:, :1] + noise * rng.standard_normal((n, 1))
+        segs.append(identify.MeasuredSegment(t=t, data={"theta": meas}, state0=np.array([meas[0, 0], 0.0])))
     problem = identify.Problem(
         model=systems.pendulum(length=1.0, mass=m, gravity=G, damping=0.01),
         stepper=rj.MidpointVI(forcing_split="symmetric"),
@@ -435,7 +404,7 @@ def _pendulum_problem(seed, n=200):
             "damping": identify.Parameter(lambda sys: sys.forcing.damping, tr.Positive(), start=np.array(0.01)),
         },
         observations=[obs.Signal("theta", "theta", sigma=noise)],
-        segments=[seg],
+        segments=segs,
         initial=identify.InitialState(2, lambda s, z, s0: vi_state(s, z[:1], z[1:2], check=False), np.asarray),
         signals=lambda system, states: {"theta": states.q},
         substeps=2,
