@@ -412,11 +412,13 @@ def _pendulum_problem(seed, n=200, amplitudes=(0.8,)):
     return problem, {"length": L, "damping": c}
 
 
-def _torque_problem(seed, n=100):
+def _torque_problem(seed, n=150):
+    """A body driven by known torques (1-1.5 N m) seen by a gyroscope with a bias (0.01 rad/s
+    noise), with the problem that fits the moments, the bias and the initial rate."""
     rng = np.random.default_rng(seed)
     dt, noise = 0.01, 0.01
     t = np.arange(n) * dt
-    torque = np.stack([0.5 * np.sin(3 * t[:-1]), 0.4 * np.cos(2 * t[:-1]), 0.3 * np.sin(5 * t[:-1] + 1)], -1)
+    torque = 3 * np.stack([0.5 * np.sin(3 * t[:-1]), 0.4 * np.cos(2 * t[:-1]), 0.3 * np.sin(5 * t[:-1] + 1)], -1)
     w0 = np.array([0.4, -0.3, 0.8])
     w, _ = free_body_truth(INERTIA, w0, np.array([1.0, 0, 0, 0]), t, torque=torque)
     inputs = np.concatenate([np.zeros((n - 1, 3)), torque], -1)
