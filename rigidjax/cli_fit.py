@@ -332,8 +332,13 @@ def run(args) -> int:
                 print(f"  scale fixed by the true Iy = {truth['Iy']:.6g} kg m^2")
         else:
             path = args.path
-            if is_motion_csv(path):
+            general = bool(args.gain or args.misalignment or args.delay is not None)
+            if is_motion_csv(path) or (general and Path(path).suffix.lower() == ".csv"):
                 return run_motion(args, path)
+            if general:
+                return _error(
+                    "fit", f"--gain, --misalignment and --delay need a CSV (the general fit); {path} is not one"
+                )
         segs = _load("fit", path, args.select)
         if isinstance(segs, int):
             return segs

@@ -53,6 +53,18 @@ def run_motion(args, path) -> int:
         )
     if args.delay is not None and not args.delay > 0:
         return _error(f"--delay must be > 0 s; got {args.delay}")
+    gyro_flags = [
+        f
+        for f, on in (
+            ("--bias", args.bias),
+            ("--gain", args.gain),
+            ("--misalignment", args.misalignment),
+            ("--delay", args.delay is not None),
+        )
+        if on
+    ]
+    if gyro_flags and motion.omega is None:
+        return _error(f"{', '.join(gyro_flags)}: the gyroscope's sensor model, but {path} has no wx,wy,wz columns")
     substeps = None if args.substeps == "auto" else int(args.substeps)
     try:
         problem = free_body_problem(
@@ -81,7 +93,8 @@ def run_motion(args, path) -> int:
         print("  (torque-free motion fixes only ratios: Iy/Ix, Iz/Ix; add tau_x,tau_y,tau_z columns for kg m^2)")
     if args.json:
         try:
-            Path(args.json).write_text(json.dumps({"file": str(path), "data": kinds, **result.to_dict()}, indent=1))
+            doc = {"file": str(path), "data": kinds, **result.to_dict()}
+            Path(args.json).write_text(json.dumps(doc, indent=1, allow_nan=False))
         except OSError as e:
             return _error(f"--json {args.json}: cannot write: {e.strerror or e}")
     return exit_code(result.status)

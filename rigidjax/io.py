@@ -491,6 +491,7 @@ def load_motion_csv(path) -> Motion:
     angular velocity, rad/s), ``qw, qx, qy, qz`` (orientation, body to world: motion capture
     or an attitude filter) and ``x, y, z`` (world position, m); optional ``tau_x, tau_y,
     tau_z`` (known torque on the body, body frame, N m). Every group must be complete.
+    Quaternions are renormalised (exports round them); ``|q|`` off 1 by more than 1e-3 is refused.
 
     Raises:
         DataError: no measured group, incomplete groups, non-numeric/NaN cells,
@@ -518,11 +519,13 @@ def load_motion_csv(path) -> Motion:
             f"besides t; the columns are {list(df.columns)}"
         )
     if out["orientation"] is not None:
+        # exports round to a few decimals: renormalised within 1e-3, refused beyond
         norm = np.linalg.norm(out["orientation"], axis=-1)
-        bad = np.abs(norm - 1) > 1e-6
+        bad = np.abs(norm - 1) > 1e-3
         if bad.any():
             i = int(np.argmax(bad))
             raise DataError(f"{_where(p, i + 2, 'qw')}: orientation is not a unit quaternion (|q| = {norm[i]})")
+        out["orientation"] = out["orientation"] / norm[:, None]
     for v in [t, *out.values()]:
         if v is not None:
             v.setflags(write=False)

@@ -8,6 +8,8 @@ one seed do not fail a test that is right), and the fit must report ``converged`
 
 from __future__ import annotations
 
+import json
+
 import hypothesis
 import hypothesis.extra.numpy as hnp
 import hypothesis.strategies as st
@@ -345,9 +347,13 @@ def test_unidentifiable_is_reported():
     )
     f = identify.fit(problem, starts=1)
     assert f.status == identify.FitStatus.UNIDENTIFIABLE, f.message
-    assert not np.all(np.isfinite(f.se["ratios"]))
+    # the message names the undetermined combination; the determined ratios keep finite errors
+    assert "frame_offset" in f.message and "initial" in f.message, f.message
+    assert not np.any(np.isfinite(f.sensor_se[0]["frame_offset"]))
+    assert np.all(np.isfinite(f.se["ratios"]))
     d = f.to_dict()
     assert d["status"] == "unidentifiable" and len(d["names"]) == len(d["covariance"])
+    json.dumps(d, allow_nan=False)  # strict JSON: non-finite values are null
 
 
 def test_bad_problems_raise_clear_errors():
@@ -375,6 +381,31 @@ def test_bad_problems_raise_clear_errors():
         obs.AngularVelocity(max_delay=-1.0).parameters()
     with pytest.raises(ValueError, match="starts"):
         identify.fit(_problem([seg]), starts=0)
+    # shapes, weights and parameters are checked by name before anything is compiled
+    bad = identify.MeasuredSegment(t=seg.t, data={"omega": seg.data["omega"][:, :2]}, state0=seg.state0)
+    with pytest.raises(ValueError, match=r"AngularVelocity reads data\['omega'\].*\(N, 3\)"):
+        _problem([bad])
+    with pytest.raises(ValueError, match="sigma must be"):
+        obs.AngularVelocity(sigma=0.0)
+    with pytest.raises(ValueError, match="max_delay 1.0 s leaves fewer than 3 samples"):
+        _problem([seg], observations=[obs.AngularVelocity(max_delay=1.0)])
+    with pytest.raises(ValueError, match="Parameter 'x': where"):
+        identify.fit(_problem([seg], parameters={"x": identify.Parameter(lambda m: m.foo)}))
+    with pytest.raises(ValueError, match="Parameter 'x': its value has shapes"):
+        identify.fit(
+            _problem([seg], parameters={"x": identify.Parameter(lambda m: m.inertia, into=jnp.diag, start=[1, 2])})
+        )
+
+
+def test_too_few_samples_and_float32():
+    """3 samples for 5 unknowns are not a fit (unidentifiable, not converged); a float32 fit
+    of a float64 model runs in float32 (the model is cast)."""
+    seg = _free_body_segment(n=3)
+    f = identify.fit(_problem([seg]), starts=1)
+    assert f.status == identify.FitStatus.UNIDENTIFIABLE and "too few" in f.message, f.message
+    f32 = identify.fit(_problem([_free_body_segment(n=40)]), starts=1, dtype=jnp.float32)
+    assert f32.status == identify.FitStatus.CONVERGED, f32.message
+    np.testing.assert_allclose(f32.values["ratios"], INERTIA[1:] / INERTIA[0], rtol=1e-3)
 
 
 def _pendulum_problem(seed, n=200, amplitudes=(0.8,)):
@@ -494,8 +525,6 @@ def test_cli_fits_the_columns_the_file_has(tmp_path, layout, capsys):
     code = main(["fit", str(f), "--json", str(out), "--quiet", "--starts", "2"])
     text = capsys.readouterr().out
     assert code == 0, text
-    import json
-
     d = json.loads(out.read_text())
     assert d["status"] == "converged"
     if layout == "gyro+torque":
@@ -519,3 +548,29 @@ def test_cli_motion_csv_errors(tmp_path, capsys):
     _write_csv(f, {"t": [0.0, 0.1, 0.2], "qw": [1.0, 1, 1], "qx": [0.0] * 3, "qy": [0.0] * 3, "qz": [0.0] * 3})
     assert main(["fit", str(f), "--tensor"]) == 2
     assert "gyroscope-only" in capsys.readouterr().err
+    assert main(["fit", str(f), "--delay", "0.05"]) == 2
+    assert "no wx,wy,wz" in capsys.readouterr().err
+    # units: deg/s rates and ms timestamps are named, not fitted
+    t = np.arange(20) * 0.01
+    w = np.tile([10.0, 200.0, 5.0], (20, 1))
+    _write_csv(f, {"t": t, "wx": w[:, 0], "wy": w[:, 1], "wz": w[:, 2], "tau_x": 0 * t, "tau_y": 0 * t, "tau_z": 0 * t})
+    assert main(["fit", str(f)]) == 2
+    assert "deg/s" in capsys.readouterr().err
+    _write_csv(f, {"t": t * 1000, "qw": np.ones(20), "qx": 0 * t, "qy": 0 * t, "qz": 0 * t})
+    assert main(["fit", str(f)]) == 2
+    assert "in ms" in capsys.readouterr().err
+
+
+def test_cli_fits_simulate_output(tmp_path, capsys):
+    """`rigidjax simulate --out` then `rigidjax fit` on it (gyro, quaternions and positions,
+    noise-free): converged, with the simulated racquet's ratios."""
+    from rigidjax.cli import main
+
+    f = tmp_path / "traj.csv"
+    assert main(["simulate", "--t-end", "1", "--out", str(f)]) == 0
+    out = tmp_path / "fit.json"
+    code = main(["fit", str(f), "--json", str(out), "--quiet", "--starts", "1"])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    d = json.loads(out.read_text())
+    assert d["status"] == "converged", d["message"]

@@ -61,8 +61,12 @@ class ProblemFit:
         """JSON-ready: status, message, values and standard errors (lists), sensor parameters,
         initial unknowns, cost, RMS, the covariance with its names, the optimiser's counts."""
 
+        def clean(a):
+            a = np.asarray(a, float)
+            return float(a) if a.ndim == 0 and np.isfinite(a) else None if a.ndim == 0 else [clean(x) for x in a]
+
         def js(v):
-            return jax.tree_util.tree_map(lambda a: np.asarray(a, float).tolist(), v)
+            return jax.tree_util.tree_map(clean, v)
 
         return {
             "status": str(self.status),
@@ -72,15 +76,15 @@ class ProblemFit:
             "sensor": js(self.sensor),
             "sensor_se": js(self.sensor_se),
             "initial": js(self.initial),
-            "cost": float(self.cost),
-            "rms": [float(r) for r in self.rms],
+            "cost": clean(self.cost),
+            "rms": clean(self.rms),
             "names": list(self.names),
-            "covariance": np.where(np.isfinite(self.covariance), self.covariance, np.nan).tolist(),
+            "covariance": clean(self.covariance),
             "block": int(self.block),
             "iterations": int(self.iterations),
             "starts": int(self.starts),
             "starts_at_best": int(self.starts_at_best),
-            "decrement": float(self.decrement),
+            "decrement": clean(self.decrement),
         }
 
     def __str__(self) -> str:
@@ -102,6 +106,28 @@ def _rows(name, v, e):
     if v.size == 1:
         return [f"  {name:<28} {pm(v[0], e[0])}"]
     return [f"  {name}[{i}]".ljust(31) + f" {pm(a, b)}" for i, (a, b) in enumerate(zip(v.ravel(), e.ravel()))]
+
+
+#: Residual variance (in units of the stated sigma^2) above which a fit is a poor fit.
+POOR_FIT_S2 = 25.0
+
+
+def _coordinate_names(layout) -> list[str]:
+    """A name per unknown coordinate (model and sensor slots, then each segment's initial state)."""
+    names = []
+    for kind, name, _, _, _, n in layout.slots:
+        prefix = name if kind == "model" else f"{kind}.{name}"
+        names += [f"{prefix}[{k}]" if n > 1 else prefix for k in range(n)]
+    for s in range(layout.S):
+        names += [f"initial[{s}][{k}]" for k in range(layout.nz)]
+    return names
+
+
+def _weakest(V, w, names) -> str:
+    """The combination of coordinates along the smallest eigenvalue of the normalised ``J^T J``."""
+    v = V[:, int(np.argmin(w))]
+    idx = [i for i in np.argsort(-np.abs(v)) if abs(v[i]) > 0.2][:4]
+    return "the combination " + " ".join(f"{v[i]:+.2f} {names[i]}" for i in idx)
 
 
 def _block_length(r: np.ndarray) -> int:
@@ -136,27 +162,30 @@ def result(problem, layout, run, x, st, b, at_best, starts, dtype) -> ProblemFit
     s2 = rss / dof if dof > 0 else float("nan")
     d = np.sqrt(np.maximum(np.diag(A), 1e-300))
     An = A / d[:, None] / d[None, :]
-    w = np.linalg.eigvalsh(An)
-    singular = not np.all(np.isfinite(w)) or w.min() <= 1e-12 * w.max() or not np.isfinite(s2)
-    if singular:
-        cov = np.full((P, P), np.inf)
-    else:
-        Ainv = np.linalg.inv(An) / d[:, None] / d[None, :]
-        cov_classic = s2 * Ainv
-        L = _block_length(r)
-        scores = []
-        for s in range(S):
-            for i in range(0, N, L):
-                Jb = J[s, i : i + L].reshape(-1, P)
-                scores.append(Jb.T @ r[s, i : i + L].reshape(-1))
-        G = np.einsum("bi,bj->ij", np.array(scores), np.array(scores))
-        cov_hac = Ainv @ G @ Ainv * m / dof
-        cov = cov_classic
-        big = np.diag(cov_hac) > np.diag(cov_classic)
-        # the larger variance per coordinate, correlations of the classical estimate
-        scale = np.sqrt(np.where(big, np.diag(cov_hac) / np.diag(cov_classic), 1.0))
-        cov = cov_classic * scale[:, None] * scale[None, :]
-    L = _block_length(r) if not singular else 1
+    finite = bool(np.all(np.isfinite(An)))
+    w, V = np.linalg.eigh(np.where(np.isfinite(An), An, 0))
+    null = (w <= 1e-12 * max(w.max(), 1e-300)) | (not finite)
+    cond = float(w.max() / max(w.min(), 1e-300))
+    # the pseudo-inverse on the determined directions; coordinates with a part in the null
+    # space are undetermined (infinite error), the others keep finite errors
+    Ainv = (V[:, ~null] / w[~null]) @ V[:, ~null].T / d[:, None] / d[None, :]
+    undetermined = np.sum(V[:, null] ** 2, axis=1) > 1e-8
+    singular = bool(np.any(null)) or not np.isfinite(s2)
+    cov_classic = s2 * Ainv if np.isfinite(s2) else np.full((P, P), np.nan)
+    L = _block_length(r)
+    scores = []
+    for s in range(S):
+        for i in range(0, N, L):
+            Jb = J[s, i : i + L].reshape(-1, P)
+            scores.append(Jb.T @ r[s, i : i + L].reshape(-1))
+    G = np.einsum("bi,bj->ij", np.array(scores), np.array(scores))
+    cov_hac = Ainv @ G @ Ainv * (m / dof if dof > 0 else np.nan)
+    # the larger variance per coordinate, correlations of the classical estimate
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.diag(cov_hac) / np.diag(cov_classic)
+    scale = np.sqrt(np.where(np.isfinite(ratio) & (ratio > 1), ratio, 1.0))
+    cov = cov_classic * scale[:, None] * scale[None, :]
+    names_x = _coordinate_names(layout)
 
     # values and their covariance (delta method through the transforms)
     ng = layout.n_global
@@ -168,7 +197,11 @@ def result(problem, layout, run, x, st, b, at_best, starts, dtype) -> ProblemFit
         return jnp.concatenate([jnp.ravel(jnp.asarray(a)) for a in jax.tree_util.tree_leaves(vals)])
 
     Tv = np.asarray(jax.jacfwd(value_vec)(xj[:ng]), float)
-    cov_v = Tv @ cov[:ng, :ng] @ Tv.T if np.all(np.isfinite(cov[:ng, :ng])) else np.full((len(Tv), len(Tv)), np.inf)
+    cov_v = Tv @ np.nan_to_num(cov[:ng, :ng]) @ Tv.T
+    # a value that moves with an undetermined coordinate has no finite error (nor covariance)
+    lost = (np.abs(Tv) @ undetermined[:ng].astype(float) > 0) | ~np.isfinite(s2)
+    cov_v[lost, :] = np.inf
+    cov_v[:, lost] = np.inf
     se_flat = np.sqrt(np.maximum(np.diag(cov_v), 0))
     mv, sv = layout.values(xj)
     names, values, se, pos = [], {}, {}, 0
@@ -213,16 +246,26 @@ def result(problem, layout, run, x, st, b, at_best, starts, dtype) -> ProblemFit
     resolution = float(np.sum(np.abs(r) * mag))
     lm_status = int(st["status"][b])
     decrement = float(st["opt"][b])
+    weak = _weakest(V, w, names_x)
+    weakly = f"; the data barely determine {weak} (condition number {cond:.1e})" if cond > 1e10 else ""
     if not np.all(ok):
         status, msg = FitStatus.NONFINITE, "a rollout step failed at the best point"
+    elif dof < P:
+        status, msg = FitStatus.UNIDENTIFIABLE, f"too few measured values ({m}) for {P} unknowns (need >= {2 * P})"
     elif lm_status == _lm.LMStatus.MAX_STEPS:
-        status, msg = FitStatus.MAX_STEPS, "the iteration cap came first (raise max_steps)"
+        status, msg = FitStatus.MAX_STEPS, "the iteration cap came first" + (weakly or " (raise max_steps)")
     elif lm_status == _lm.LMStatus.STALLED and decrement * 0.5 * rss > 10 * eps * resolution:
-        status, msg = FitStatus.STALLED, "no step lowers the cost, yet the point is not first-order optimal"
+        status, msg = FitStatus.STALLED, "no step lowers the cost, yet the point is not first-order optimal" + weakly
     elif lm_status not in (_lm.LMStatus.CONVERGED, _lm.LMStatus.STALLED):
         status, msg = FitStatus.NONFINITE, "the best start could not be evaluated"
     elif singular:
-        status, msg = FitStatus.UNIDENTIFIABLE, "J^T J is singular: a combination of the unknowns is not determined"
+        status, msg = FitStatus.UNIDENTIFIABLE, f"J^T J is singular: the data do not determine {weak}"
+    elif s2 > POOR_FIT_S2:
+        status, msg = (
+            FitStatus.POOR_FIT,
+            f"the residuals are {np.sqrt(s2):.3g} times the stated sigma: the model does not describe the data "
+            "(wrong units, e.g. deg/s or ms? a missing effect?) or sigma is too small",
+        )
     elif lm_status == _lm.LMStatus.STALLED:
         status, msg = FitStatus.CONVERGED, f"first-order optimal to the cost's round-off (decrement {decrement:.1e})"
     else:

@@ -101,6 +101,13 @@ class AngularVelocity:
     max_delay: float | None = None
     sigma: float = 1.0
 
+    #: the measured array's width (values per sample); ``None``: any
+    width = 3
+
+    def __post_init__(self):
+        if not (isinstance(self.sigma, (int, float, np.floating)) and np.isfinite(self.sigma) and self.sigma > 0):
+            raise ValueError(f"{type(self).__name__}: sigma must be a finite number > 0; got {self.sigma!r}")
+
     def residual_size(self, width: int) -> int:
         return 3
 
@@ -126,6 +133,11 @@ class AngularVelocity:
     def weight(self, t: np.ndarray) -> np.ndarray:
         w = np.ones(len(t))
         e = _edge_samples(t, self.max_delay or 0.0)
+        if 2 * e + 3 > len(t):
+            raise ValueError(
+                f"AngularVelocity: max_delay {self.max_delay} s leaves fewer than 3 samples of a segment of "
+                f"{t[-1] - t[0]:.3g} s ({len(t)} samples) in the residual (samples within it of either end are dropped)"
+            )
         if e:
             w[:e] = 0
             w[-e:] = 0
@@ -161,6 +173,13 @@ class Orientation:
     signal: str = "orientation"
     frame_offset: bool = False
     sigma: float = 1.0
+
+    #: the measured array's width (values per sample); ``None``: any
+    width = 4
+
+    def __post_init__(self):
+        if not (isinstance(self.sigma, (int, float, np.floating)) and np.isfinite(self.sigma) and self.sigma > 0):
+            raise ValueError(f"{type(self).__name__}: sigma must be a finite number > 0; got {self.sigma!r}")
 
     def residual_size(self, width: int) -> int:
         return 3
@@ -198,6 +217,13 @@ class Signal:
     offset: bool = False
     sigma: float = 1.0
 
+    #: the measured array's width (values per sample); ``None``: any
+    width = None
+
+    def __post_init__(self):
+        if not (isinstance(self.sigma, (int, float, np.floating)) and np.isfinite(self.sigma) and self.sigma > 0):
+            raise ValueError(f"{type(self).__name__}: sigma must be a finite number > 0; got {self.sigma!r}")
+
     def residual_size(self, width: int) -> int:
         return width
 
@@ -222,3 +248,5 @@ class Position(Signal):
 
     key: str = "x"
     signal: str = "position"
+    #: the measured array's width (m, world)
+    width = 3

@@ -212,11 +212,44 @@ class Problem:
             for s in self.segments:
                 if o.key not in s.data:
                     raise ValueError(f"Problem: segment {s.name!r} has no data[{o.key!r}] for {type(o).__name__}")
+                shape = np.shape(s.data[o.key])
+                if len(shape) != 2 or (o.width is not None and shape[1] != o.width):
+                    want = f"(N, {o.width})" if o.width is not None else "(N, k)"
+                    raise ValueError(
+                        f"Problem: {type(o).__name__} reads data[{o.key!r}] of segment {s.name!r} as {want}; "
+                        f"got shape {shape}"
+                    )
+                o.weight(np.asarray(s.t, float))  # raises where a delay bound leaves too few samples
         if not self.parameters:
             raise ValueError("Problem: no parameters to fit")
         for name, p in self.parameters.items():
             if not isinstance(p, Parameter):
                 raise TypeError(f"Problem: parameters[{name!r}] must be an identify.Parameter; got {type(p).__name__}")
+
+
+def _check_parameter(name: str, p: Parameter, model):
+    """The start value of ``p``, checked: ``where`` finds leaves, the transform accepts the
+    start, and the value (through ``into``) has the shapes of the leaves it replaces."""
+    try:
+        target = p.where(model)
+    except Exception as e:  # a user's selector: any error means it does not fit the model
+        raise ValueError(f"Parameter {name!r}: where(model) failed on this model: {type(e).__name__}: {e}") from None
+    try:
+        like = p.start_value(model)
+        u = p.transform.inverse(like)
+        value = p.transform.forward(jnp.asarray(u), like)
+        if p.into is not None:
+            value = p.into(value)
+    except Exception as e:  # bad start value or shape: say which parameter
+        raise ValueError(f"Parameter {name!r}: {type(e).__name__}: {e}") from None
+    shapes = [np.shape(a) for a in jax.tree_util.tree_leaves(value)]
+    want = [np.shape(a) for a in jax.tree_util.tree_leaves(target)]
+    if shapes != want:
+        raise ValueError(
+            f"Parameter {name!r}: its value has shapes {shapes} but where(model) selects leaves of shapes {want} "
+            "(give a start of the leaf's shape, or an `into` that maps the value to it)"
+        )
+    return like
 
 
 class _Layout:
@@ -227,7 +260,7 @@ class _Layout:
         self.slots = []  # (kind, name, transform, like, offset, size)
         off = 0
         for name, p in problem.parameters.items():
-            like = p.start_value(problem.model)
+            like = _check_parameter(name, p, problem.model)
             n = p.transform.size(like)
             self.slots.append(("model", name, p.transform, like, off, n))
             off += n
@@ -352,6 +385,9 @@ def fit(
         raise ValueError(f"fit: spread must be >= 0; got {spread!r}")
     if jnp.dtype(dtype) == jnp.float64 and not jax.config.jax_enable_x64:
         raise ValueError("fit: dtype float64 needs jax.config.update('jax_enable_x64', True) (or pass float32)")
+    # the model in the evaluation dtype (a float64 model fitted in float32, and vice versa)
+    cast = lambda a: jnp.asarray(a, dtype) if eqx.is_inexact_array(a) else a  # noqa: E731
+    problem = dataclasses.replace(problem, model=jax.tree_util.tree_map(cast, problem.model))
     layout = _Layout(problem)
     residuals = _residual_fn(problem, layout, dtype)
 
@@ -382,13 +418,15 @@ def fit(
     x0 = layout.start()
     r0, status0, _ = run(x0[None])
     if np.any(status0 != Status.SUCCESS) or not np.all(np.isfinite(r0)):
-        failed = {str(Status(int(c)).name) for c in status0[0] if c != Status.SUCCESS}
-        raise ValueError(
-            "fit: the start values cannot be simulated: "
-            + (f"rollout steps failed with {sorted(failed)} " if failed else "NaN residuals ")
-            + "(INVALID_INPUT: an unphysical start, e.g. moments violating the triangle inequality; "
-            "transforms.PseudoInertia keeps every point physical)"
-        )
+        failed = sorted({Status(int(c)).name for c in status0[0] if c != Status.SUCCESS})
+        hints = {
+            "INVALID_INPUT": "an unphysical start, e.g. moments violating the triangle inequality "
+            "(transforms.PseudoInertia keeps every point physical)",
+            "ROTATION_LIMIT": "the body turns too far per step: raise substeps, or check the units "
+            "(time in ms? rates in deg/s?)",
+        }
+        why = "; ".join(hints.get(f, "a failed step at the start values") for f in failed) or "NaN residuals"
+        raise ValueError(f"fit: the start values cannot be simulated: rollout steps failed with {failed} ({why})")
     rng = np.random.default_rng(seed)
     X0 = np.repeat(x0[None], starts, 0)
     if starts > 1:

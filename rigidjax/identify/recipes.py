@@ -16,7 +16,11 @@ body seen by a gyroscope, motion capture and/or a position tracker) into a probl
 * observations weighted by noise levels estimated from second differences of each signal
   (white noise: ``std(diff2) / sqrt(6)``); the fit's covariance rescales by the residuals, so
   only the relative weights matter;
-* sub-steps from the fastest rotation per sample: ``ceil(max |omega| dt / 0.02)``.
+* sub-steps from the fastest rotation per sample: ``ceil(max |omega| dt / 0.05)``;
+* the midpoint step with its second-order attitude update (``attitude="midpoint"``).
+
+Units are checked first: rates above 50 rad/s (beyond a hand throw: most likely deg/s) and a
+median sample interval above 0.5 s (most likely ms) raise :class:`rigidjax.identify.FitError`.
 """
 
 from __future__ import annotations
@@ -29,18 +33,27 @@ import numpy as np
 from ..body import RigidBody, RigidBodyState
 from ..io import Motion
 from ..midpoint import Midpoint
+from ._derived import FitError
 from . import observations as obs
 from .problem import FreeBodyInitial, MeasuredSegment, Parameter, Problem
 from .transforms import Positive, Real
 
-__all__ = ["free_body_problem", "noise_level", "rates_from_orientation"]
+__all__ = ["free_body_problem", "noise_level", "rates_from_orientation", "MAX_RATE", "MAX_SAMPLE_INTERVAL"]
+
+#: Fastest angular rate accepted, rad/s (beyond a hand throw: deg/s data).
+MAX_RATE = 50.0
+#: Longest median sample interval accepted, s (beyond it: timestamps in ms).
+MAX_SAMPLE_INTERVAL = 0.5
 
 
 def noise_level(y: np.ndarray) -> float:
-    """White-noise standard deviation of a smooth signal ``(n, k)`` from its second differences."""
-    d2 = np.diff(np.asarray(y, float), 2, axis=0)
+    """White-noise standard deviation of a smooth signal ``(n, k)`` from its second differences
+    (robust: the median absolute deviation), at least ``1e-6`` of the signal's size and ``1e-6``."""
+    y = np.asarray(y, float)
+    d2 = np.diff(y, 2, axis=0)
     s = float(np.median(np.abs(d2 - np.median(d2, axis=0))) * 1.4826 / math.sqrt(6))
-    return s if s > 0 else 1e-6
+    # noise-free data: a floor at 1e-6 of the signal's size and at 1e-6 (m, rad/s): far below any real sensor
+    return max(s, 1e-6 * float(np.max(np.abs(y))), 1e-6)
 
 
 def rates_from_orientation(t: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -111,6 +124,16 @@ def free_body_problem(
         ``ratios`` (``Iy/Ix, Iz/Ix``), and ``gravity`` where the position is measured.
     """
     t = np.asarray(motion.t, float)
+    dt_med = float(np.median(np.diff(t)))
+    if dt_med > MAX_SAMPLE_INTERVAL:
+        raise FitError(
+            f"{motion.source}: the median sample interval is {dt_med:.4g} s: timestamps in ms? (t must be in seconds)"
+        )
+    if motion.omega is not None and float(np.max(np.abs(motion.omega))) > MAX_RATE:
+        raise FitError(
+            f"{motion.source}: angular rates up to {float(np.max(np.abs(motion.omega))):.4g}: above "
+            f"{MAX_RATE} rad/s, most likely deg/s (wx,wy,wz must be in rad/s)"
+        )
     has_q = motion.orientation is not None
     omega = (
         motion.omega if motion.omega is not None else (rates_from_orientation(t, motion.orientation) if has_q else None)
@@ -156,14 +179,14 @@ def free_body_problem(
     if torque is not None:
         inputs = np.concatenate([np.zeros((len(t) - 1, 3)), torque[:-1]], -1)
     if substeps is None:
-        substeps = max(1, math.ceil(float(np.max(np.linalg.norm(omega, axis=1)) * np.max(np.diff(t)) / 0.02)))
+        substeps = max(1, math.ceil(float(np.max(np.linalg.norm(omega, axis=1)) * np.max(np.diff(t)) / 0.05)))
     segment = MeasuredSegment(t=t, data=data, state0=state0, inputs=inputs, name=motion.source)
     model = RigidBody(
         1.0, jnp.diag(jnp.asarray(moments0 / moments0[0] if torque is None else moments0)), gravity=gravity0
     )
     return Problem(
         model=model,
-        stepper=Midpoint(),
+        stepper=Midpoint(attitude="midpoint"),
         parameters=params,
         observations=observations,
         segments=[segment],
