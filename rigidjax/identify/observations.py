@@ -66,6 +66,11 @@ def ep_signals(body: int = 0):
     return signals
 
 
+def _check_sigma(o) -> None:
+    if not (isinstance(o.sigma, (int, float, np.floating)) and np.isfinite(o.sigma) and o.sigma > 0):
+        raise ValueError(f"{type(o).__name__}: sigma must be a finite number > 0; got {o.sigma!r}")
+
+
 def _delayed(y, t, tau):
     """``y(t - tau)`` by linear interpolation between the samples (held at the ends)."""
     return jnp.stack([jnp.interp(t - tau, t, y[:, i]) for i in range(y.shape[1])], -1)
@@ -105,8 +110,7 @@ class AngularVelocity:
     width = 3
 
     def __post_init__(self):
-        if not (isinstance(self.sigma, (int, float, np.floating)) and np.isfinite(self.sigma) and self.sigma > 0):
-            raise ValueError(f"{type(self).__name__}: sigma must be a finite number > 0; got {self.sigma!r}")
+        _check_sigma(self)
 
     def residual_size(self, width: int) -> int:
         return 3
@@ -178,8 +182,7 @@ class Orientation:
     width = 4
 
     def __post_init__(self):
-        if not (isinstance(self.sigma, (int, float, np.floating)) and np.isfinite(self.sigma) and self.sigma > 0):
-            raise ValueError(f"{type(self).__name__}: sigma must be a finite number > 0; got {self.sigma!r}")
+        _check_sigma(self)
 
     def residual_size(self, width: int) -> int:
         return 3
@@ -221,8 +224,7 @@ class Signal:
     width = None
 
     def __post_init__(self):
-        if not (isinstance(self.sigma, (int, float, np.floating)) and np.isfinite(self.sigma) and self.sigma > 0):
-            raise ValueError(f"{type(self).__name__}: sigma must be a finite number > 0; got {self.sigma!r}")
+        _check_sigma(self)
 
     def residual_size(self, width: int) -> int:
         return width
