@@ -9,7 +9,10 @@ r"""Identification from measured motion: inertia from free flights, a pendulum's
 * :func:`fit` on a :class:`Problem`: any leaves of any model through any stepper (midpoint,
   Euler-parameter, variational), with sensor models (:mod:`rigidjax.identify.observations`),
   parametrisations (:mod:`rigidjax.identify.transforms`), known inputs and unknown initial
-  states; see :mod:`rigidjax.identify.problem`.
+  states; see :mod:`rigidjax.identify.problem`. The observations (gyroscope
+  :class:`~rigidjax.identify.observations.AngularVelocity`, accelerometer
+  :class:`~rigidjax.identify.observations.SpecificForce`, ``Orientation``, ``Position``,
+  ``Signal``) are in :mod:`rigidjax.identify.observations`.
 * :class:`FitStatus`: one status vocabulary for every fit.
 """
 
