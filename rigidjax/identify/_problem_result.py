@@ -36,6 +36,9 @@ class ProblemFit:
         iterations: optimiser iterations of the best start; ``starts``: starts run;
             ``starts_at_best``: starts that reached the best cost (relative 1e-6).
         decrement: the first-order optimality measure at the optimum (``_lm.decrement``).
+        x: the unknown vector at the optimum.
+        se_classical: ``{name: standard error}`` of the model values from the classical
+            ``s^2 (J^T J)^-1`` alone (right for white residuals).
     """
 
     status: FitStatus
@@ -56,6 +59,7 @@ class ProblemFit:
     starts_at_best: int
     decrement: float
     x: np.ndarray
+    se_classical: dict = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """JSON-ready: status, message, values and standard errors (lists), sensor parameters,
@@ -130,31 +134,44 @@ def _weakest(V, w, names) -> str:
     return "the combination " + " ".join(f"{v[i]:+.2f} {names[i]}" for i in idx)
 
 
-def _block_length(r: np.ndarray) -> int:
-    """Lag (samples) where the residuals' mean autocorrelation first falls below 0.1."""
+def _block_length(r: np.ndarray, n: np.ndarray) -> int:
+    """Lag (samples) where the residuals' mean autocorrelation first falls below 0.1, over
+    each segment's ``n`` real samples (of the ``N`` padded ones of ``r (S, N, c)``)."""
     S, N, c = r.shape
-    x = r - r.mean(axis=1, keepdims=True)
+    real = (np.arange(N)[None, :] < n[:, None])[:, :, None]
+    mean = np.sum(np.where(real, r, 0), axis=1, keepdims=True) / n[:, None, None]
+    x = np.where(real, r - mean, 0)
     var = np.sum(x * x, axis=1)  # (S, c)
     ok = var > 0
     if not np.any(ok):
         return 1
-    for lag in range(1, N // 4):
+    cap = int(np.min(n)) // 4
+    for lag in range(1, cap):
         ac = np.sum(x[:, lag:] * x[:, :-lag], axis=1)
         if np.mean(ac[ok] / var[ok]) < 0.1:
             return lag
-    return max(1, N // 4)
+    return max(1, cap)
 
 
-def result(problem, layout, run, x, st, b, at_best, starts, dtype) -> ProblemFit:
-    """The :class:`ProblemFit` of the best start ``b`` of the optimiser's state ``st``."""
+def _pad(a: np.ndarray, N: int) -> np.ndarray:
+    """``a (n, ...)`` followed by zeros to ``N`` rows."""
+    a = np.asarray(a, float)
+    return np.concatenate([a, np.zeros((N - len(a),) + a.shape[1:])])
+
+
+def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype) -> ProblemFit:
+    """The :class:`ProblemFit` of the best start ``b`` of the optimiser's state ``st``
+    (``stacked``: the padded segments; padded samples enter no count or statistic)."""
     xj = jnp.asarray(x, dtype)
     r, status, J = run(np.asarray(x)[None])
     S, P = layout.S, layout.P
-    N = len(np.asarray(problem.segments[0].t))
+    n = stacked.n
+    N = int(stacked.t.shape[1])
     r, ok, J = r[0].reshape(S, N, -1), status[0] == Status.SUCCESS, J[0].reshape(S, N, -1, P)
+    real = np.broadcast_to((np.arange(N)[None, :] < n[:, None])[:, :, None], r.shape)
     Jf = J.reshape(-1, P)
     rf = r.reshape(-1)
-    live = np.any(Jf != 0, axis=1) | (rf != 0)
+    live = (np.any(Jf != 0, axis=1) | (rf != 0)) & real.reshape(-1)
     m = int(np.sum(live))
     A = Jf.T @ Jf
     rss = float(rf @ rf)
@@ -172,10 +189,10 @@ def result(problem, layout, run, x, st, b, at_best, starts, dtype) -> ProblemFit
     undetermined = np.sum(V[:, null] ** 2, axis=1) > 1e-8
     singular = bool(np.any(null)) or not np.isfinite(s2)
     cov_classic = s2 * Ainv if np.isfinite(s2) else np.full((P, P), np.nan)
-    L = _block_length(r)
+    L = _block_length(r, n)
     scores = []
     for s in range(S):
-        for i in range(0, N, L):
+        for i in range(0, int(n[s]), L):
             Jb = J[s, i : i + L].reshape(-1, P)
             scores.append(Jb.T @ r[s, i : i + L].reshape(-1))
     G = np.einsum("bi,bj->ij", np.array(scores), np.array(scores))
@@ -203,17 +220,20 @@ def result(problem, layout, run, x, st, b, at_best, starts, dtype) -> ProblemFit
     cov_v[lost, :] = np.inf
     cov_v[:, lost] = np.inf
     se_flat = np.sqrt(np.maximum(np.diag(cov_v), 0))
+    cov_w = Tv @ np.nan_to_num(cov_classic[:ng, :ng]) @ Tv.T
+    se_w_flat = np.where(lost, np.inf, np.sqrt(np.maximum(np.diag(cov_w), 0)))
     mv, sv = layout.values(xj)
-    names, values, se, pos = [], {}, {}, 0
+    names, values, se, se_classical, pos = [], {}, {}, {}, 0
     for name, v in mv.items():
         v = jax.tree_util.tree_map(np.asarray, v)
         values[name] = v
         sizes = [np.size(a) for a in jax.tree_util.tree_leaves(v)]
-        parts = np.split(se_flat[pos : pos + sum(sizes)], np.cumsum(sizes)[:-1])
-        se[name] = jax.tree_util.tree_unflatten(
-            jax.tree_util.tree_structure(v),
-            [p.reshape(np.shape(a)) for p, a in zip(parts, jax.tree_util.tree_leaves(v))],
-        )
+        for out, flat in ((se, se_flat), (se_classical, se_w_flat)):
+            parts = np.split(flat[pos : pos + sum(sizes)], np.cumsum(sizes)[:-1])
+            out[name] = jax.tree_util.tree_unflatten(
+                jax.tree_util.tree_structure(v),
+                [p.reshape(np.shape(a)) for p, a in zip(parts, jax.tree_util.tree_leaves(v))],
+            )
         names += [f"{name}[{i}]" if sum(sizes) > 1 else name for i in range(sum(sizes))]
         pos += sum(sizes)
     sensor, sensor_se = [], []
@@ -232,16 +252,16 @@ def result(problem, layout, run, x, st, b, at_best, starts, dtype) -> ProblemFit
     rms, col = [], 0
     for o in problem.observations:
         n_c = o.residual_size(np.shape(problem.segments[0].data[o.key])[-1])
-        w = np.stack([o.weight(np.asarray(s.t, float)) for s in problem.segments])
+        wt = np.asarray(stacked.weights[len(rms)])  # 0 at padded samples
         block = r[:, :, col : col + n_c] * o.sigma
-        rms.append(float(np.sqrt(np.sum(block**2) / max(1, n_c * np.sum(w > 0)))))
+        rms.append(float(np.sqrt(np.sum(block**2) / max(1, n_c * np.sum(wt > 0)))))
         col += n_c
 
     # the cost's round-off: a decrease the Gauss-Newton model still promises below it cannot be
     # verified in this precision (noise-free data fitted to the simulation's own accuracy)
     eps = float(jnp.finfo(dtype).eps)
     mag = np.concatenate(
-        [np.stack([o.magnitude(s.data[o.key]) for s in problem.segments]) for o in problem.observations], -1
+        [np.stack([_pad(o.magnitude(s.data[o.key]), N) for s in problem.segments]) for o in problem.observations], -1
     )
     resolution = float(np.sum(np.abs(r) * mag))
     lm_status = int(st["status"][b])
@@ -289,4 +309,5 @@ def result(problem, layout, run, x, st, b, at_best, starts, dtype) -> ProblemFit
         starts_at_best=at_best,
         decrement=decrement,
         x=np.asarray(x),
+        se_classical=se_classical,
     )

@@ -29,6 +29,11 @@ factor ``exp(0.5)`` of a positive one). What the result's ``status`` means:
 ``starts_at_best`` counts the starts that reached the best cost (relative 1e-6): one start
 out of many reaching it is a warning that the landscape has several basins.
 
+Segments may have different lengths: each is padded to a common length ``N`` (the longest,
+or :func:`fit`'s ``pad_to``: problems of one structure padded to one length share one
+compiled program) with samples of zero weight, its times continued at the segment's median
+step and its inputs zero; a padded sample enters no count, sum or statistic below.
+
 Uncertainty. Two covariances of the fitted coordinates are computed at the optimum:
 the classical ``s^2 (J^T J)^-1`` (``s^2 = RSS / (m - p)``, right for white noise) and a
 block sandwich ``A^-1 (sum_b J_b^T r_b r_b^T J_b) A^-1 m / (m - p)`` over blocks of ``L``
@@ -40,6 +45,7 @@ larger of the two, mapped to the value by the parametrisation's Jacobian.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -183,8 +189,8 @@ class Problem:
         stepper: a stepper object or step function (``step(model, state, inputs, dt)``).
         parameters: ``{name: Parameter}``.
         observations: the observation models (:mod:`rigidjax.identify.observations`).
-        segments: the :class:`MeasuredSegment` list; all of one sample count ``N`` (cut or
-            split longer recordings).
+        segments: the :class:`MeasuredSegment` list, of any lengths (padded to a common
+            length when fitted, see the module).
         initial: the initial-state unknowns (:func:`FreeBodyInitial` by default).
         signals: ``signals(model, states) -> {name: (N, k)}``: what the observations read of
             a trajectory (:func:`~rigidjax.identify.observations.rigid_body_signals` default).
@@ -203,9 +209,6 @@ class Problem:
     def __post_init__(self):
         if not self.segments:
             raise ValueError("Problem: no segments")
-        n = {len(np.asarray(s.t)) for s in self.segments}
-        if len(n) != 1:
-            raise ValueError(f"Problem: all segments need the same number of samples; got {sorted(n)}")
         if not isinstance(self.substeps, (int, np.integer)) or self.substeps < 1:
             raise ValueError(f"Problem: substeps must be an integer >= 1; got {self.substeps!r}")
         for o in self.observations:
@@ -306,51 +309,163 @@ class _Layout:
         return x
 
 
-def _stack_segments(problem: Problem, dtype):
+@dataclasses.dataclass(frozen=True)
+class _Stacked:
+    """The segments padded to ``N`` samples and stacked (see the module): ``t (S, N)``; ``dt
+    (S, (N - 1) k)`` per step; ``data {key: (S, N, k)}``; ``weights`` per observation ``(S, N)``
+    (0 at padded samples); ``state0`` and ``inputs`` stacked; ``steps (S, (N - 1) k)`` True
+    at the real segment's steps; ``n (S,)`` real samples (NumPy)."""
+
+    t: Any
+    dt: Any
+    data: dict
+    weights: list
+    state0: Any
+    inputs: Any
+    steps: Any
+    n: np.ndarray
+
+    def arrays(self):
+        """The arrays the compiled program takes."""
+        return (self.t, self.dt, self.data, self.weights, self.state0, self.inputs, self.steps)
+
+
+def _stack_segments(problem: Problem, dtype, pad_to: int | None = None) -> _Stacked:
     segs = problem.segments
     k = problem.substeps
-    t = np.stack([np.asarray(s.t, float) for s in segs])
+    n = np.array([len(np.asarray(s.t)) for s in segs])
+    N = int(n.max()) if pad_to is None else int(pad_to)
+    if N < n.max():
+        raise ValueError(f"fit: pad_to={pad_to} is shorter than the longest segment ({int(n.max())} samples)")
+
+    def pad(a, length=N):
+        a = np.asarray(a, float)
+        return np.concatenate([a, np.zeros((length - len(a),) + a.shape[1:])])
+
+    ts = []
+    for s in segs:
+        ti = np.asarray(s.t, float)
+        ts.append(np.concatenate([ti, ti[-1] + float(np.median(np.diff(ti))) * np.arange(1, N - len(ti) + 1)]))
+    t = np.stack(ts)
     dt = np.repeat(np.diff(t, axis=1) / k, k, axis=1)
-    data = {o.key: np.stack([np.asarray(s.data[o.key], float) for s in segs]) for o in problem.observations}
-    weights = [np.stack([o.weight(np.asarray(s.t, float)) for s in segs]) for o in problem.observations]
+    data = {o.key: np.stack([pad(s.data[o.key]) for s in segs]) for o in problem.observations}
+    weights = [np.stack([pad(o.weight(np.asarray(s.t, float))) for s in segs]) for o in problem.observations]
+    steps = np.arange((N - 1) * k)[None, :] // k < (n[:, None] - 1)
     state0 = jax.tree_util.tree_map(lambda *a: jnp.stack([jnp.asarray(x, dtype) for x in a]), *[s.state0 for s in segs])
     if segs[0].inputs is None:
         inputs = None
     else:
         inputs = jax.tree_util.tree_map(
-            lambda *a: jnp.stack([jnp.repeat(jnp.asarray(x, dtype), k, axis=0) for x in a]), *[s.inputs for s in segs]
+            lambda *a: jnp.stack([jnp.repeat(jnp.asarray(pad(x, N - 1), dtype), k, axis=0) for x in a]),
+            *[s.inputs for s in segs],
         )
     cast = lambda a: jnp.asarray(a, dtype)  # noqa: E731
-    return cast(t), cast(dt), {kk: cast(v) for kk, v in data.items()}, [cast(w) for w in weights], state0, inputs
+    return _Stacked(
+        cast(t),
+        cast(dt),
+        {kk: cast(v) for kk, v in data.items()},
+        [cast(w) for w in weights],
+        state0,
+        inputs,
+        jnp.asarray(steps),
+        n,
+    )
 
 
-def _residual_fn(problem: Problem, layout: _Layout, dtype):
-    """``residuals(x) -> (r (S, N, c) weighted, status (S,))`` for one unknown vector: the
-    rollouts' first failure per segment (``Status.SUCCESS`` where every step succeeded)."""
-    t, dt, data, weights, state0, inputs = _stack_segments(problem, dtype)
+def _residual_fn(problem: Problem, layout: _Layout):
+    """``residuals(arrays, x) -> (r (S, N, c) weighted, status (S,))`` for one unknown
+    vector (``arrays``: :meth:`_Stacked.arrays`): the rollouts' first failure per segment within
+    its real steps (``Status.SUCCESS`` where every step succeeded). Padded samples give 0."""
     k, nz, ng, S = problem.substeps, layout.nz, layout.n_global, layout.S
-    n_steps = dt.shape[1]
 
-    def residuals(x):
+    def residuals(arrays, x):
+        t, dt, data, weights, state0, inputs, steps = arrays
+        n_steps = dt.shape[1]
         model = layout.model(x)
         _, sensor = layout.values(x)
         Z = x[ng:].reshape(S, nz)
 
-        def one(z, s0, ts, dts, u, d, w):
+        def one(z, s0, ts, dts, u, d, w, real):
             st0 = problem.initial.build(model, z, s0)
             traj = rollout(problem.stepper, model, st0, dts, n_steps, u)
             sig = problem.signals(model, traj.states)
             rs = []
             for o, p, wi in zip(problem.observations, sensor, w):
                 pred = sig[o.signal][::k]
-                rs.append(o.residual(pred, ts, d[o.key], p) * wi[:, None])
-            # the first failure of the rollout (SUCCESS = 0 where none)
-            status = jnp.max(traj.info.status)
+                # zero where the weight is: a padded sample's prediction may be anything
+                rs.append(jnp.where(wi[:, None] > 0, o.residual(pred, ts, d[o.key], p) * wi[:, None], 0.0))
+            # the first failure of the rollout's real steps (SUCCESS = 0 where none)
+            status = jnp.max(jnp.where(real, traj.info.status, Status.SUCCESS))
             return jnp.concatenate(rs, -1), status
 
-        return jax.vmap(one)(Z, state0, t, dt, inputs, data, weights)
+        return jax.vmap(one)(Z, state0, t, dt, inputs, data, weights, steps)
 
     return residuals
+
+
+#: Compiled programs of recent problem structures (see :func:`_program`), most recent last.
+_PROGRAMS: collections.OrderedDict = collections.OrderedDict()
+_PROGRAMS_KEPT = 8
+
+
+def _frozen(a):
+    """A hashable stand-in of a model leaf: an array by its dtype, shape and bytes."""
+    if isinstance(a, (np.ndarray, jax.Array)):
+        a = np.asarray(a)
+        return ("array", a.dtype.str, a.shape, a.tobytes())
+    return a
+
+
+def _shapes(like):
+    """The structure and leaf shapes of a start value (all a transform's ``like`` conveys)."""
+    leaves, treedef = jax.tree_util.tree_flatten(like)
+    return treedef, tuple(np.shape(a) for a in leaves)
+
+
+def _program(problem: Problem, layout: _Layout, dtype):
+    """``jac_all(arrays, X) -> (r, status, J)`` per row of ``X``, jitted; shared by every
+    problem of the same structure (model values, stepper, parameters with the shapes of their
+    start values, observations, initial state, signals, substeps, segment count: equal or the
+    same objects), whose data enter as arguments: one compilation per structure and padded
+    length. The start values enter the program only through their shapes (a transform's
+    ``like``)."""
+    leaves, treedef = jax.tree_util.tree_flatten(problem.model)
+    key = (
+        treedef,
+        tuple(_frozen(a) for a in leaves),
+        tuple((name, p.where, p.transform, p.into) for name, p in problem.parameters.items()),
+        tuple((kind, name, tr, _shapes(like), off, n) for kind, name, tr, like, off, n in layout.slots),
+        tuple(problem.observations),
+        problem.initial,
+        problem.stepper,
+        problem.signals,
+        problem.substeps,
+        layout.S,
+        jnp.dtype(dtype).name,
+    )
+    try:
+        hash(key)
+    except TypeError:  # an unhashable part: a program for this problem alone
+        key = None
+    if key is not None and key in _PROGRAMS:
+        _PROGRAMS.move_to_end(key)
+        return _PROGRAMS[key]
+    residuals = _residual_fn(problem, layout)
+
+    @jax.jit
+    def jac_all(arrays, X):
+        def one(x):
+            r, status = residuals(arrays, x)
+            J = jax.jacfwd(lambda y: residuals(arrays, y)[0].reshape(-1))(x)
+            return r.reshape(-1), status, J
+
+        return jax.vmap(one)(X)
+
+    if key is not None:
+        _PROGRAMS[key] = jac_all
+        while len(_PROGRAMS) > _PROGRAMS_KEPT:
+            _PROGRAMS.popitem(last=False)
+    return jac_all
 
 
 def fit(
@@ -361,6 +476,7 @@ def fit(
     seed: int = 0,
     max_steps: int = 100,
     dtype=jnp.float64,
+    pad_to: int | None = None,
 ) -> ProblemFit:
     """Fit ``problem`` (see the module for the method, statuses and uncertainties).
 
@@ -372,12 +488,18 @@ def fit(
         seed: random starts.
         max_steps: Levenberg-Marquardt iterations per start.
         dtype: the evaluation dtype (float64 needs ``jax_enable_x64``).
+        pad_to: the samples every segment is padded to (zero-weight samples, see the module);
+            ``None``: the longest segment's. Problems of one structure (the same model values,
+            stepper, parameters, observations, initial state, signals and segment count)
+            padded to one length, fitted with one ``starts`` and ``dtype``, share one
+            compiled program: give windows of different lengths one ``pad_to``.
 
     Returns:
         :class:`ProblemFit`.
 
     Raises:
-        ValueError: bad options; a start that cannot be evaluated (NaN) at the given values.
+        ValueError: bad options (``pad_to`` below the longest segment); a start that cannot
+            be evaluated (NaN) at the given values.
     """
     if not isinstance(starts, (int, np.integer)) or starts < 1:
         raise ValueError(f"fit: starts must be an integer >= 1; got {starts!r}")
@@ -388,24 +510,19 @@ def fit(
     # the model in the evaluation dtype (a float64 model fitted in float32, and vice versa)
     cast = lambda a: jnp.asarray(a, dtype) if eqx.is_inexact_array(a) else a  # noqa: E731
     problem = dataclasses.replace(problem, model=jax.tree_util.tree_map(cast, problem.model))
+    if pad_to is not None and not (isinstance(pad_to, (int, np.integer)) and pad_to >= 3):
+        raise ValueError(f"fit: pad_to must be None or an integer >= 3; got {pad_to!r}")
     layout = _Layout(problem)
-    residuals = _residual_fn(problem, layout, dtype)
-
-    @jax.jit
-    def jac_all(X):
-        def one(x):
-            r, status = residuals(x)
-            J = jax.jacfwd(lambda y: residuals(y)[0].reshape(-1))(x)
-            return r.reshape(-1), status, J
-
-        return jax.vmap(one)(X)
+    stacked = _stack_segments(problem, dtype, pad_to)
+    jac_all = _program(problem, layout, dtype)
+    arrays = stacked.arrays()
 
     def run(X):
         """Residuals, statuses and Jacobians of the points ``X (na <= starts, P)``, padded to one
         batch size (one compiled program whatever the number of starts still running)."""
         na = len(X)
         padded = np.concatenate([X, np.repeat(X[:1], starts - na, 0)]) if na < starts else X
-        r, status, J = jac_all(jnp.asarray(padded, dtype))
+        r, status, J = jac_all(arrays, jnp.asarray(padded, dtype))
         return np.asarray(r, float)[:na], np.asarray(status)[:na], np.asarray(J, float)[:na]
 
     def evaluate(X, rows):
@@ -440,7 +557,7 @@ def fit(
     b = int(np.argmin(cost))
     at_best = int(np.sum(cost <= cost[b] * (1 + 1e-6) + 1e-300))
     x = st["x"][b]
-    return result(problem, layout, run, x, st, b, at_best, starts, dtype)
+    return result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype)
 
 
 def _model_mask(layout: _Layout) -> np.ndarray:
