@@ -9,15 +9,26 @@ unit moment about the pivot,
     L = \tfrac12 \dot\theta^2 + \omega_0^2 \cos\theta, \qquad f = -c\,\dot\theta ,
 
 stepped (symmetric forcing split, second order) at the MEASURED sample times. The gyroscope
-reads ``theta_dot + bias`` about the pivot axis. Unknowns: the natural frequency
-``omega0`` (rad/s), the damping rate ``c`` (1/s), the initial angle and rate, and the gyro
-bias; fitted by Levenberg-Marquardt (optimistix) on the residuals at every sample, the
-Jacobian by forward-mode differentiation through the rollout (implicit function theorem in
-each step); standard errors from the Gauss-Newton covariance ``s^2 (J^T J)^-1``. The
-midpoint step turns an oscillator of frequency ``w`` by ``2 atan(w dt / 2)`` per step: the
-reported ``omega0`` is the frequency the fitted discrete motion has, ``sum 2 atan(w dt_k / 2)
-/ sum dt_k`` (exact for small amplitude), which removes the step's ``(omega0 dt)^2 / 12``
-relative bias (1.6e-4 at 100 Hz, several statistical errors on the racquet's swings). Derived:
+reads ``theta_dot + bias`` about the pivot axis.
+
+Method: each window is a :class:`rigidjax.identify.Problem` fitted by
+:func:`rigidjax.identify.fit`. Unknowns: the natural frequency ``omega0`` (rad/s, fitted as
+``log omega0``), the damping rate ``c`` (1/s, either sign), the initial angle and rate (the
+segment's initial state) and the gyro bias (a
+:class:`~rigidjax.identify.observations.Signal` offset); residuals in rad/s at every sample
+(unit weights). The layer's Levenberg-Marquardt with the exact Jacobian (forward mode through
+the rollout, implicit function theorem in each step) runs from ``starts`` starts, 4 by
+default: the start values from the data (the frequency from the zero crossings, the angle
+from the integrated rate, the bias from 0) and random ones around them (:data:`SPREAD` in ``log omega0`` and
+``c``); the best is reported. Standard errors: the Gauss-Newton covariance ``s^2
+(J^T J)^-1`` (the layer's ``se_classical``). The layer's ``max_steps``, ``stalled``,
+``nonfinite`` and ``unidentifiable`` carry over; at an optimum the checks below decide.
+Windows padded to one length (``pad_to``) share one compiled program.
+
+Frequency: the midpoint step turns an oscillator of frequency ``w`` by ``2 atan(w dt / 2)``
+per step: the reported ``omega0`` is the frequency the fitted discrete motion has, ``sum 2
+atan(w dt_k / 2) / sum dt_k`` (exact for small amplitude), which removes the step's
+``(omega0 dt)^2 / 12`` relative bias (1.6e-4 at 100 Hz, several statistical errors on the racquet's swings). Derived:
 the period at the fitted amplitude (complete elliptic integral) and at small amplitude
 ``2 pi / omega0``; with the mass ``m`` and the pivot-to-centre-of-mass distance ``d``, the
 moment about the pivot ``I_p = m g d / omega0^2``, about the centre of mass
@@ -44,21 +55,22 @@ correction ``m r^2 = 78.0 g m^2``; the study reports the period 1.436 +- 0.039 s
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optimistix as optx
 from scipy import special
 
 from ..rollout import rollout
 from ..systems import physical_pendulum
-from ..variational import VIState, vi_step
+from ..variational import MidpointVI, vi_state
 from . import _combine
+from . import observations as obs
 from ._model import noise_and_signal
 from ._result import FitStatus
+from .problem import InitialState, MeasuredSegment, Parameter, Problem, fit
+from .transforms import Positive, Real
 
 __all__ = [
     "PendulumFit",
@@ -154,26 +166,75 @@ def looks_like_pendulum(omega) -> int | None:
     return axis if frac[axis] >= 0.95 and cross[axis] >= 4 else None
 
 
-def _model(params, t, dtype):
-    """Gyro signal (n,) of the VI pendulum with ``params = (log omega0, c, theta0, rate0, bias)``."""
-    log_w0, c, th0, w0, bias = params
-    system = physical_pendulum(
-        jnp.ones((), dtype), jnp.exp(2 * log_w0), jnp.ones((), dtype), gravity=jnp.ones((), dtype), damping=c
+#: The step: the midpoint variational integrator with the symmetric forcing split (second order
+#: with damping; trep's left split biases omega0 by ~c dt/4).
+_STEPPER = MidpointVI(forcing_split="symmetric")
+#: The layer's random starts perturb log(omega0) and the damping rate (1/s) by this much (sd).
+SPREAD = 0.1
+
+
+def _system(omega0, damping):
+    """The pendulum of unit moment about the pivot: ``L = theta_dot^2 / 2 + omega0^2 cos(theta)``."""
+    one = jnp.ones_like(jnp.asarray(omega0))
+    return physical_pendulum(one, omega0**2, one, gravity=one, damping=damping)
+
+
+# the problem's parts, module-level so that every window's problem has the same structure
+# (one compiled program, see rigidjax.identify.problem)
+def _moment(system):
+    return system.lagrangian.moment
+
+
+def _square(omega0):
+    return omega0**2
+
+
+def _damping(system):
+    return system.forcing.damping
+
+
+def _build_initial(system, z, state0):
+    # p = theta_dot at unit moment
+    return vi_state(system, z[:1], z[1:2], check=False)
+
+
+def _guess_initial(state0):
+    return np.asarray(state0, float)
+
+
+def _signals(system, states):
+    return {"rate": states.p}
+
+
+_INITIAL = InitialState(2, _build_initial, _guess_initial)
+#: the gyroscope about the pivot axis: ``theta_dot + bias``, residuals in rad/s (unit weights)
+_GYRO = obs.Signal("omega", "rate", offset=True, sigma=1.0)
+
+
+def _problem(t, w, p0) -> Problem:
+    """The layer's problem of one window (``t`` from 0) with the start ``p0`` of :func:`_initial_guess`."""
+    log_w0, c, th0, rate0, _ = p0
+    segment = MeasuredSegment(t=t, data={"omega": w[:, None]}, state0=np.array([th0, rate0]))
+    return Problem(
+        model=_system(jnp.asarray(1.0), jnp.asarray(0.0)),
+        stepper=_STEPPER,
+        parameters={
+            "omega0": Parameter(_moment, Positive(), into=_square, start=np.array(math.exp(log_w0))),
+            "damping_rate": Parameter(_damping, Real(), start=np.array(c)),
+        },
+        observations=[_GYRO],
+        segments=[segment],
+        initial=_INITIAL,
+        signals=_signals,
     )
-    state0 = VIState(time=t[0], q=th0[None], p=w0[None], lam=jnp.zeros((0,), dtype), qdot=w0[None])
-    # symmetric forcing split: second order with damping (trep's left split biases omega0 by ~c dt/4)
-    traj = rollout(functools.partial(vi_step, forcing_split="symmetric"), system, state0, jnp.diff(t))
-    # p_k = D2 L_d + f_d^+ is theta_dot at the node to O(dt^2) (unit inertia)
-    return traj.states.p[:, 0] + bias, traj
 
 
-def _residuals(params, args):
-    t, w, mask = args
-    return (_model(params, t, t.dtype)[0] - w) * mask
-
-
-_model_jit = jax.jit(lambda p, t: _model(p, t, t.dtype))
-_jacobian_jit = jax.jit(jax.jacfwd(_residuals))
+@jax.jit
+def _trajectory(omega0, damping, theta0, rate0, t):
+    """Angle and rate ``(n,)`` of the fitted pendulum at the times ``t``."""
+    system = _system(omega0, damping)
+    traj = rollout(_STEPPER, system, vi_state(system, theta0[None], rate0[None], check=False), jnp.diff(t))
+    return traj.states.q[:, 0], traj.states.p[:, 0]
 
 
 def _initial_guess(t, w):
@@ -236,6 +297,7 @@ def fit_pendulum(
     max_steps: int = 100,
     pad_to: int | None = None,
     name: str = "",
+    starts: int = 4,
 ) -> PendulumFit:
     r"""Identify ``omega0``, damping, initial state and gyro bias of a swinging physical pendulum.
 
@@ -247,10 +309,12 @@ def fit_pendulum(
         mass: kg, and distance: pivot to centre of mass, m; both needed for the moments
             (``inertia_pivot``, ``inertia_cm``, ``damping``; ``nan`` otherwise).
         gravity: m/s^2.
-        max_steps: Levenberg-Marquardt iteration cap.
-        pad_to: pad the window to this many samples (masked residuals, so the fit is
+        max_steps: Levenberg-Marquardt iteration cap (per start).
+        pad_to: pad the window to this many samples (zero-weight samples, so the fit is
             unchanged) so that windows of different lengths share one compilation.
         name: label carried into the result.
+        starts: starts of the optimiser: the data's start values and ``starts - 1`` random
+            ones around them (:data:`SPREAD`); the best is reported.
 
     Returns:
         :class:`PendulumFit`.
@@ -270,29 +334,33 @@ def fit_pendulum(
     for label, v in (("mass", mass), ("distance", distance), ("gravity", gravity)):
         if v is not None and not (math.isfinite(v) and v > 0):
             raise ValueError(f"fit_pendulum: {label} must be a positive number; got {v!r}")
+    if not isinstance(starts, (int, np.integer)) or starts < 1:
+        raise ValueError(f"fit_pendulum: starts must be an integer >= 1; got {starts!r}")
     p0 = _initial_guess(t, w)
     n = t.size
     n_pad = max(n, int(pad_to or n))
     # the rollout starts at t[0]; time relative to it keeps float round-off small
+    tr = t - t[0]
+    dtype = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+    f = fit(_problem(tr, w, p0), starts=starts, spread=SPREAD, max_steps=max_steps, dtype=dtype, pad_to=n_pad)
+    w_fit, c = float(f.values["omega0"]), float(f.values["damping_rate"])
+    th0, rate0 = (float(v) for v in f.initial[0])
+    bias = float(f.sensor[0]["offset"][0])
+    # Gauss-Newton standard errors (the layer's classical s^2 (J^T J)^-1): of log(omega0),
+    # i.e. relative, and of the damping rate
+    se_log, se_c = float(f.se_classical["omega0"]) / w_fit, float(f.se_classical["damping_rate"])
+    # the trajectory at the samples (padded like the fit's, so one compilation serves all windows)
     step = float(np.median(np.diff(t)))
-    tp = np.concatenate([t - t[0], (t[-1] - t[0]) + step * np.arange(1, n_pad - n + 1)])
-    wp = np.concatenate([w, np.zeros(n_pad - n)])
-    mask = np.concatenate([np.ones(n), np.zeros(n_pad - n)])
-    args = (jnp.asarray(tp), jnp.asarray(wp), jnp.asarray(mask))
-    solver = optx.LevenbergMarquardt(rtol=1e-10, atol=1e-10)
-    sol = optx.least_squares(_residuals, solver, jnp.asarray(p0), args, max_steps=max_steps, throw=False)
-    params = sol.value
-    model, traj = _model_jit(params, args[0])
-    model = np.asarray(model)[:n]
-    log_w0, c, th0, rate0, bias = (float(v) for v in params)
+    tp = np.concatenate([tr, tr[-1] + step * np.arange(1, n_pad - n + 1)])
+    theta, rate = (
+        np.asarray(a, float)[:n] for a in _trajectory(*(jnp.asarray(v, dtype) for v in (w_fit, c, th0, rate0, tp)))
+    )
+    model = rate + bias
     # the midpoint rule turns an oscillator of frequency w by 2 atan(w dt / 2) per step, not
     # w dt: the fitted frequency is the discrete model's; the physical one oscillates as it does
     # (exact for small amplitude; removes the (w dt)^2 / 12 relative bias, 1.6e-4 at 100 Hz)
-    w_fit = math.exp(log_w0)
     d = np.diff(t)
     omega0 = float(np.sum(2 * np.arctan(0.5 * w_fit * d)) / np.sum(d))
-    theta = np.asarray(traj.states.q[:n, 0])
-    rate = np.asarray(traj.states.p[:n, 0])
     # energy amplitude: 1 - cos(A) = (1 - cos(theta)) + rate^2 / (2 omega0^2), averaged over the window
     cosA = np.cos(theta) - rate**2 / (2 * w_fit**2)
     amplitude = float(np.mean(np.arccos(np.clip(cosA, -1, 1))))
@@ -300,19 +368,11 @@ def fit_pendulum(
     period = float(4 * special.ellipk(math.sin(amplitude / 2) ** 2) / omega0)
     res = model - w
     rss = float(res @ res)
-    J = np.asarray(_jacobian_jit(params, args))[:n]
-    A = J.T @ J
-    s2 = rss / max(n - 5, 1)
-    try:
-        cov = s2 * np.linalg.inv(A)
-    except np.linalg.LinAlgError:
-        cov = np.full((5, 5), np.inf)
-    se = np.sqrt(np.maximum(np.diag(cov), 0.0))
-    omega0_se = omega0 * se[0]  # d omega0 = omega0 d log omega0
-    period_se = period * se[0]  # the period scales as 1/omega0 (the amplitude's share is far smaller)
+    omega0_se = omega0 * se_log  # d omega0 = omega0 d log omega0
+    period_se = period * se_log  # the period scales as 1/omega0 (the amplitude's share is far smaller)
     if mass is not None and distance is not None:
         I_p = mass * gravity * distance / omega0**2
-        I_p_se = 2 * I_p * se[0]
+        I_p_se = 2 * I_p * se_log
         I_cm = I_p - mass * distance**2
         damping = c * I_p
     else:
@@ -320,9 +380,13 @@ def fit_pendulum(
     noise, _ = noise_and_signal(w)
     swing_rms = float(np.sqrt(np.mean((w - w.mean()) ** 2)))
     rms = float(np.sqrt(rss / n))
-    status, reason = FitStatus.CONVERGED, ""
-    if sol.result != optx.RESULTS.successful:
-        status, reason = FitStatus.MAX_STEPS, f"Levenberg-Marquardt did not converge within {max_steps} steps"
+    # the layer's status; a reached optimum (converged, or its residual-versus-sigma poor fit,
+    # which unit weights make moot) goes on to the pendulum's own checks
+    status, reason = f.status, f.message
+    if status == FitStatus.MAX_STEPS:
+        reason = f"Levenberg-Marquardt did not converge within {max_steps} steps: {f.message}"
+    elif status in (FitStatus.CONVERGED, FitStatus.POOR_FIT):
+        status, reason = FitStatus.CONVERGED, ""
     period_len = int(np.searchsorted(t, t[0] + period))
     first, rest = res[:period_len], res[period_len:]
     rms_first = float(np.sqrt(np.mean(first**2))) if first.size else 0.0
@@ -338,10 +402,10 @@ def fit_pendulum(
             f"not in free swing at its start (held or pushed?): residual {rms_first:.3g} rad/s over the first period "
             f"against {rms_rest:.3g} afterwards"
         )
-    elif status == FitStatus.CONVERGED and c < -2 * se[1]:
+    elif status == FitStatus.CONVERGED and c < -2 * se_c:
         status = FitStatus.NOT_FREE
         reason = (
-            f"the swing gains energy (damping rate {c:.3g} ± {se[1]:.2g} 1/s): held, pushed or driven "
+            f"the swing gains energy (damping rate {c:.3g} ± {se_c:.2g} 1/s): held, pushed or driven "
             "during the window, not a free swing"
         )
     elif status == FitStatus.CONVERGED and rms > 0.1 * swing_rms:
@@ -355,7 +419,7 @@ def fit_pendulum(
         omega0=omega0,
         omega0_se=float(omega0_se),
         damping_rate=c,
-        damping_rate_se=float(se[1]),
+        damping_rate_se=se_c,
         theta0=th0,
         rate0=rate0,
         bias=bias,
