@@ -15,12 +15,17 @@ partly unknown (:class:`FreeBodyInitial`, or :class:`InitialState` for any state
 by the bounded Levenberg-Marquardt of :mod:`rigidjax.identify._lm` with the exact Jacobian
 (forward mode through the rollouts, all starts and segments in one compiled, vmapped call),
 from several starts: the given values and random ones around them (``spread``: the standard
-deviation of the perturbation of the model parameters' unconstrained coordinates, e.g. a
-factor ``exp(0.5)`` of a positive one). What the result's ``status`` means:
+deviation of the perturbation of the model parameters' coordinates, e.g. a factor
+``exp(0.5)`` of a positive one). The box is the transforms' bounds
+(:class:`~rigidjax.identify.transforms.Box`,
+:class:`~rigidjax.identify.transforms.MomentRatios`; ``-inf, inf`` for the others and the
+initial states): the given start must lie in it (``ValueError`` naming the parameter), the
+random starts are clipped into it, and an optimum on a bound is reached exactly (the
+message names the coordinates held there). What the result's ``status`` means:
 
-* ``converged``: the best start reached first-order optimality (:mod:`rigidjax.identify._lm`),
-  every step of every rollout succeeded at the optimum, and the data determine every fitted
-  coordinate (``J^T J`` well conditioned);
+* ``converged``: the best start reached first-order optimality (:mod:`rigidjax.identify._lm`;
+  at a bound: the gradient points out of the box), every step of every rollout succeeded at
+  the optimum, and the data determine every fitted coordinate (``J^T J`` well conditioned);
 * ``unidentifiable``: the optimum was reached but a combination of the fitted coordinates is
   not determined (e.g. a frame offset and a free body's initial orientation);
 * ``nonfinite``: a rollout step failed (a Newton solve, NaN) at the best point;
@@ -41,6 +46,15 @@ consecutive samples of each segment, with ``L`` where the residuals' autocorrela
 fallen below 0.1: residuals that model error makes smooth (correlated) count as fewer
 independent samples than there are. The reported standard error of each value is the
 larger of the two, mapped to the value by the parametrisation's Jacobian.
+
+At a bound. A coordinate held at its bound (the gradient pointing out of the box) is not
+treated as fixed: both covariances use the whole ``J^T J``, the bound playing no part, so
+its standard error (and those of the values it enters) is the unconstrained local model's,
+what the data alone determine. This is what :func:`rigidjax.identify.fit_inertia` does at
+the edges of its chart (:mod:`rigidjax.identify._windows`: ``s^2 (J^T J)^-1`` of every
+coordinate at the bounded optimum). The interval may reach beyond the bound; only its part
+inside is physical (a one-sided interval). Fixing the coordinate instead would report a zero
+error for a quantity the data determine only to within that interval.
 """
 
 from __future__ import annotations
@@ -60,9 +74,9 @@ from ..body import RigidBodyState
 from ..info import Status
 from ..rollout import rollout
 from . import _lm
-from ._problem_result import ProblemFit, result
+from ._problem_result import ProblemFit, _coordinate_names, result
 from .observations import rigid_body_signals
-from .transforms import Positive
+from .transforms import Positive, bounds_of
 
 __all__ = ["MeasuredSegment", "Parameter", "InitialState", "FreeBodyInitial", "Problem", "ProblemFit", "fit"]
 
@@ -256,11 +270,15 @@ def _check_parameter(name: str, p: Parameter, model):
 
 
 class _Layout:
-    """Where each quantity sits in the unknown vector ``x``."""
+    """Where each quantity sits in the unknown vector ``x``, and its box ``lo <= x <= hi``
+    (the transforms' :func:`~rigidjax.identify.transforms.bounds_of`; the initial-state
+    unknowns are unbounded). Raises ``ValueError`` naming the parameter for bad bounds or a
+    start outside them."""
 
     def __init__(self, problem: Problem):
         self.problem = problem
         self.slots = []  # (kind, name, transform, like, offset, size)
+        los, his = [], []
         off = 0
         for name, p in problem.parameters.items():
             like = _check_parameter(name, p, problem.model)
@@ -273,10 +291,31 @@ class _Layout:
                 n = tr.size(start)
                 self.slots.append((f"sensor{i}", name, tr, start, off, n))
                 off += n
+        for kind, name, tr, like, _, n in self.slots:
+            label = (
+                f"Parameter {name!r}"
+                if kind == "model"
+                else f"{type(problem.observations[int(kind[6:])]).__name__} {name!r}"
+            )
+            try:
+                lo, hi = bounds_of(tr, like)
+            except ValueError as e:
+                raise ValueError(f"{label}: {e}") from None
+            u = np.asarray(tr.inverse(like), float)
+            if not np.all((u >= lo) & (u <= hi)):
+                raise ValueError(
+                    f"{label}: the start value {np.asarray(like).tolist()} has coordinates {u.tolist()} outside "
+                    f"its transform's bounds [{lo.tolist()}, {hi.tolist()}] ({type(tr).__name__})"
+                )
+            los.append(lo)
+            his.append(hi)
         self.n_global = off
         self.nz = problem.initial.size
         self.S = len(problem.segments)
         self.P = off + self.nz * self.S
+        free = np.full(self.P - off, np.inf)
+        self.lo = np.concatenate(los + [-free])
+        self.hi = np.concatenate(his + [free])
 
     def values(self, x):
         """``(model values {name: value}, sensor values [ {name: value} per observation ])``."""
@@ -548,7 +587,9 @@ def fit(
     X0 = np.repeat(x0[None], starts, 0)
     if starts > 1:
         X0[1:, : layout.n_global] += spread * rng.standard_normal((starts - 1, layout.n_global)) * _model_mask(layout)
-    lo, hi = np.full(X0.shape, -np.inf), np.full(X0.shape, np.inf)
+    # the random starts into the transforms' box (the given start is inside: _Layout checks it)
+    lo, hi = np.broadcast_to(layout.lo, X0.shape).copy(), np.broadcast_to(layout.hi, X0.shape).copy()
+    X0 = np.clip(X0, lo, hi)
     eps = float(jnp.finfo(dtype).eps)
     st = _lm.solve(evaluate, X0, np.arange(starts), lo, hi, eps=eps, max_steps=max_steps)
     cost = np.where(st["ok"], st["cost"], np.inf)
@@ -557,7 +598,20 @@ def fit(
     b = int(np.argmin(cost))
     at_best = int(np.sum(cost <= cost[b] * (1 + 1e-6) + 1e-300))
     x = st["x"][b]
-    return result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype)
+    out = result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype)
+    held = _held(layout, x, st["g"][b])
+    if held:
+        out = dataclasses.replace(out, message=f"{out.message}; held at a bound: {', '.join(held)}")
+    return out
+
+
+def _held(layout: _Layout, x, g) -> list[str]:
+    """``"name[k] = bound (lower|upper)"`` for each coordinate the optimiser holds at a bound
+    at ``x`` (gradient ``g`` pointing out of the box, as :mod:`rigidjax.identify._lm`'s
+    active set)."""
+    names = _coordinate_names(layout)
+    lo_, hi_ = (x <= layout.lo) & (g > 0), (x >= layout.hi) & (g < 0)
+    return [f"{names[i]} = {x[i]:.6g} ({'lower' if lo_[i] else 'upper'})" for i in np.flatnonzero(lo_ | hi_)]
 
 
 def _model_mask(layout: _Layout) -> np.ndarray:

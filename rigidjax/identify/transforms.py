@@ -6,7 +6,13 @@ visits is a valid model:
 
 * :class:`Real`: ``value = u`` (any real array);
 * :class:`Positive`: ``value = exp(u)`` (moments, masses, lengths, damping);
-* :class:`Bounded`: ``value = lo + (hi - lo) / (1 + exp(-u))`` (a delay within a window);
+* :class:`Bounded`: ``value = lo + (hi - lo) / (1 + exp(-u))`` (a delay within a window;
+  the ends are reached only as ``u -> +-inf``);
+* :class:`Box`: ``value = u`` with box bounds ``lo <= u <= hi``: the ends are reached
+  exactly (a value whose optimum lies on a bound);
+* :class:`MomentRatios`: principal-moment ratios ``(Ix/Iy, Iz/Iy)`` in the chart of
+  :func:`rigidjax.identify.fit_inertia`, where the physically valid set is a box whose edges
+  (the thin plate ``Iz = Ix + Iy``, ...) are reached exactly;
 * :class:`PseudoInertia`: the 10 inertial parameters of a rigid body (mass, centre of mass,
   inertia tensor) through the log-Cholesky factor of the pseudo-inertia matrix (Rucker &
   Wensing, "Smooth parameterization of rigid-body inertia", IEEE RA-L 7(2), 2022): every
@@ -15,8 +21,17 @@ visits is a valid model:
 
 Each map has ``size(like)`` (the number of coordinates for a value shaped like ``like``),
 ``forward(u, like)`` (JAX, differentiable) and ``inverse(value)`` (NumPy, for starts).
+A map may also declare box bounds on its coordinates, ``bounds(like) -> (lo, hi)`` (NumPy,
+each of shape ``(size(like),)``, ``-inf``/``inf`` for none, ``lo <= hi``): the optimiser
+(the projected Levenberg-Marquardt of :mod:`rigidjax.identify._lm`) then keeps ``u`` in
+``[lo, hi]`` and reaches a bound exactly, holding a coordinate there while the cost's
+gradient points out of the box. A map without ``bounds`` is unconstrained. ``forward`` must
+be valid on the whole box, bounds included, and ``inverse`` must return a point inside it
+(:func:`rigidjax.identify.fit` checks it).
 Uncertainties are reported on the values, mapped from ``u`` by the map's Jacobian (the delta
-method), so a positive quantity's interval is symmetric in its value, as printed.
+method), so a positive quantity's interval is symmetric in its value, as printed. A
+coordinate held at a bound keeps the error of the unconstrained local model (see
+:mod:`rigidjax.identify.problem`).
 """
 
 from __future__ import annotations
@@ -27,7 +42,37 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Real", "Positive", "Bounded", "PseudoInertia", "pseudo_inertia", "rigid_body_parameters"]
+__all__ = [
+    "Real",
+    "Positive",
+    "Bounded",
+    "Box",
+    "MomentRatios",
+    "PseudoInertia",
+    "pseudo_inertia",
+    "rigid_body_parameters",
+    "bounds_of",
+]
+
+
+def bounds_of(transform, like) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, hi)`` of ``transform``'s coordinates for a value shaped like ``like``: its
+    ``bounds(like)`` where it has one, else ``(-inf, inf)`` for each; checked (shapes
+    ``(size(like),)``, no NaN, ``lo <= hi``, ``lo < inf``, ``hi > -inf``)."""
+    n = transform.size(like)
+    if not hasattr(transform, "bounds"):
+        return np.full(n, -np.inf), np.full(n, np.inf)
+    lo, hi = transform.bounds(like)
+    lo = np.asarray(lo, float)
+    hi = np.asarray(hi, float)
+    name = type(transform).__name__
+    if lo.shape != (n,) or hi.shape != (n,):
+        raise ValueError(f"{name}.bounds: lo and hi must have shape ({n},); got {lo.shape} and {hi.shape}")
+    if np.any(np.isnan(lo)) or np.any(np.isnan(hi)):
+        raise ValueError(f"{name}.bounds: NaN in lo={lo} or hi={hi}")
+    if np.any(lo > hi) or np.any(lo == np.inf) or np.any(hi == -np.inf):
+        raise ValueError(f"{name}.bounds: need lo <= hi, lo < inf and hi > -inf; got lo={lo}, hi={hi}")
+    return lo, hi
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +129,148 @@ class Bounded:
             raise ValueError(f"Bounded: the start value must lie in ({self.lo}, {self.hi}); got {v}")
         s = (v - self.lo) / (self.hi - self.lo)
         return np.log(s) - np.log1p(-s)
+
+
+def _bound_value(x, name: str) -> float | tuple[float, ...]:
+    """A bound as a float or a tuple of floats (hashable: a transform is part of the key of a
+    compiled program)."""
+    a = np.asarray(x, float)
+    if a.ndim > 1:
+        raise ValueError(f"Box: {name} must be a number or a 1-D sequence; got shape {a.shape}")
+    return float(a) if a.ndim == 0 else tuple(float(v) for v in a)
+
+
+@dataclasses.dataclass(frozen=True)
+class Box:
+    """``value = u`` with every entry in ``[lo, hi]``, both ends reachable.
+
+    For a quantity whose least-squares optimum may lie ON a bound (a non-negative drag that
+    the data would make negative, a fraction in ``[0, 1]``): unlike :class:`Bounded`, whose
+    sigmoid reaches its ends only at ``u -> +-inf``, the bounded optimiser stops exactly at
+    the bound and reports it converged there (first-order optimality with the gradient
+    pointing out of the box).
+
+    Args:
+        lo, hi: numbers or 1-D sequences broadcast (NumPy rules) against the value's shape;
+            ``-inf``/``inf`` for a one-sided box; ``lo < hi`` everywhere (a fixed quantity
+            is not fitted: leave it out of the parameters).
+
+    Shapes: ``size(like) = like.size`` coordinates, ``forward(u, like)`` of ``like``'s
+    shape, ``bounds(like)`` two ``(like.size,)`` arrays. ``inverse`` raises for a start
+    outside ``[lo, hi]``.
+    """
+
+    lo: float | tuple = 0.0
+    hi: float | tuple = np.inf
+
+    def __post_init__(self):
+        lo, hi = _bound_value(self.lo, "lo"), _bound_value(self.hi, "hi")
+        object.__setattr__(self, "lo", lo)
+        object.__setattr__(self, "hi", hi)
+        a, b = np.asarray(lo), np.asarray(hi)
+        try:
+            a, b = np.broadcast_arrays(a, b)
+        except ValueError:
+            raise ValueError(f"Box: lo and hi do not broadcast: lo={lo}, hi={hi}") from None
+        if np.any(np.isnan(a)) or np.any(np.isnan(b)) or not np.all(a < b) or np.any(a == np.inf):
+            raise ValueError(f"Box: need lo < hi (not NaN; -inf/inf allowed for a one-sided box); got lo={lo}, hi={hi}")
+
+    def size(self, like) -> int:
+        return int(np.size(like))
+
+    def bounds(self, like):
+        shape = np.shape(like)
+        try:
+            lo = np.broadcast_to(np.asarray(self.lo, float), shape)
+            hi = np.broadcast_to(np.asarray(self.hi, float), shape)
+        except ValueError:
+            raise ValueError(
+                f"Box: bounds lo={self.lo}, hi={self.hi} do not broadcast to the value's shape {shape}"
+            ) from None
+        return np.ravel(lo).copy(), np.ravel(hi).copy()
+
+    def forward(self, u, like):
+        return jnp.reshape(u, np.shape(like))
+
+    def inverse(self, value) -> np.ndarray:
+        v = np.asarray(value, float)
+        lo, hi = self.bounds(v)
+        v = np.ravel(v)
+        if not np.all((v >= lo) & (v <= hi)):
+            raise ValueError(f"Box: the start value must lie in [lo, hi] (lo={self.lo}, hi={self.hi}); got {v}")
+        return v
+
+
+#: The largest second moment ``v`` of :class:`MomentRatios` (the same edge as
+#: :data:`rigidjax.identify._model.V_MAX` of :func:`rigidjax.identify.fit_inertia`).
+V_MAX = 1e4
+
+
+@dataclasses.dataclass(frozen=True)
+class MomentRatios:
+    r"""Principal-moment ratios ``value = [Ix/Iy, Iz/Iy]`` (shape ``(2,)``) from 2 coordinates
+    ``(u, v)`` in a box where every point is a physical body.
+
+    .. math:: I_x/I_y = v + 1 - u, \qquad I_z/I_y = u + v, \qquad u \in [0, 1],\; v \in [0, v_{max}]
+
+    The chart of :func:`rigidjax.identify.fit_inertia` (:mod:`rigidjax.identify._model`):
+    with ``I_y = 1`` the second moments of the mass distribution (``I_x = L_y + L_z`` and
+    cyclic; the body is physical exactly when every ``L >= 0``) are ``L_x = u``,
+    ``L_z = 1 - u``, ``L_y = v``, so the triangle inequalities are the box: ``u = 1`` is
+    ``Iz = Ix + Iy`` (a thin plate in the x-y plane, e.g. a racquet), ``u = 0`` is ``Ix = Iy +
+    Iz`` (a plate in y-z), ``v = 0`` is ``Iy = Ix + Iz`` (a plate in x-z); the bounded
+    optimiser reaches these edges exactly. The corners ``(u, v) = (1, 0)`` and ``(0, 0)`` are
+    rods (``Ix = 0`` or ``Iz = 0``): not positive definite, a simulation fails there. ``v <=
+    v_max`` bounds the search (the largest ratio at most about ``v_max``): a fit that ends
+    there prefers a degenerate, rod-like body (fit_inertia reports it unidentifiable).
+
+    Use with ``Parameter(lambda m: m.inertia, MomentRatios(), into=MomentRatios.inertia,
+    start=[Ix/Iy, Iz/Iy])``: :meth:`inertia` is ``diag(Ix/Iy, 1, Iz/Iy)``, torque-free motion
+    fixing only the ratios. ``inverse([Ix/Iy, Iz/Iy])`` gives ``(u, v)`` and raises for a pair
+    outside the box (violating a triangle inequality, or beyond ``v_max``).
+
+    Args:
+        v_max: the upper bound of ``v`` (default :data:`V_MAX`, as fit_inertia's).
+    """
+
+    v_max: float = V_MAX
+
+    def __post_init__(self):
+        if not (np.isfinite(self.v_max) and self.v_max > 0):
+            raise ValueError(f"MomentRatios: v_max must be a finite number > 0; got {self.v_max}")
+        object.__setattr__(self, "v_max", float(self.v_max))
+
+    def size(self, like) -> int:
+        return 2
+
+    def bounds(self, like):
+        return np.array([0.0, 0.0]), np.array([1.0, self.v_max])
+
+    def forward(self, u, like):
+        u = jnp.asarray(u)
+        return jnp.stack([u[1] + 1 - u[0], u[0] + u[1]])
+
+    def inverse(self, value) -> np.ndarray:
+        r = np.ravel(np.asarray(value, float))
+        if r.shape != (2,) or not np.all(np.isfinite(r)):
+            raise ValueError(f"MomentRatios: the start must be 2 finite ratios [Ix/Iy, Iz/Iy]; got {value!r}")
+        a, c = r
+        u, v = (c - a + 1) / 2, (a + c - 1) / 2
+        # round-off at an edge (a thin plate given as Ix/Iy + 1 = Iz/Iy) stays on it
+        tol = 8 * np.finfo(float).eps * max(1.0, a, c)
+        if not (-tol <= u <= 1 + tol and -tol <= v <= self.v_max):
+            raise ValueError(
+                f"MomentRatios: Ix/Iy = {a}, Iz/Iy = {c} is not a physical body (the triangle inequalities "
+                f"|Iz/Iy - Ix/Iy| <= 1 <= Ix/Iy + Iz/Iy) or beyond the search (Ix/Iy + Iz/Iy <= 1 + 2 v_max)"
+            )
+        return np.array([min(max(u, 0.0), 1.0), max(v, 0.0)])
+
+    @staticmethod
+    def inertia(r):
+        """``diag(Ix/Iy, 1, Iz/Iy)`` (3, 3) of the ratios ``r (2,)`` (JAX): the ``into`` of a
+        :class:`rigidjax.identify.Parameter` on a rigid body's inertia."""
+        r = jnp.asarray(r)
+        return jnp.diag(jnp.stack([r[0], jnp.ones_like(r[0]), r[1]]))
 
 
 def _upper(u):
