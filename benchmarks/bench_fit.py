@@ -18,6 +18,17 @@ Rows:
   process, both cores).
 * ``rigidjax joint``: one inertia for the pooled windows (the recordings it refuses to pool
   are named in its status).
+* ``rigidjax identify.fit``: the general layer (:func:`rigidjax.identify.fit`) with the same
+  model: ``transforms.MomentRatios`` (fit_inertia's box chart, edges reached exactly),
+  ``AngularVelocity(bias=False, sigma=1)``, ``FreeBodyInitial(("angular_velocity",))``, the
+  midpoint step with the sub-steps ``fit_inertia`` chose for the window (its adapted
+  ``substeps``), ``--starts`` starts from the same equation-error start as SciPy's (the rest
+  random, the layer's ``spread``); one problem per window, every window padded to the
+  longest (one compiled program per sub-step count). On the ``N`` windows the baselines fit,
+  timed like them (cold: first pass, compilation included; warm: second pass) and
+  extrapolated to all windows (the cold time overstates: a program is compiled once per
+  sub-step count, not per window); per window its DOP853 cost against the best and its
+  estimates against fit_inertia's in fit_inertia's standard errors.
 * ``scipy least_squares + solve_ivp``: the straightforward approach, per window,
   ``scipy.optimize.least_squares`` (trust-region reflective, finite-difference Jacobian)
   around ``scipy.integrate.solve_ivp`` (RK45, rtol 1e-6, atol 1e-8) of Euler's equations,
@@ -50,6 +61,7 @@ data are not redistributed: read from ``../shared/data`` beside the clone (or ``
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -113,6 +125,70 @@ def scipy_fit(seg, start) -> dict:
         "rms": float(np.sqrt(np.mean(res.fun**2))),
         "nfev": int(res.nfev),
         "success": bool(res.success),
+        "cpu_s": _cpu() - c0,
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def _inertia(m):
+    return m.inertia
+
+
+_LAYER = {}
+
+
+def layer_fit(seg, start, substeps: int, starts: int, pad_to: int) -> dict:
+    """One window with the general layer, :func:`rigidjax.identify.fit` (the row ``rigidjax
+    identify.fit``, see module): ``start = (Ix/Iy, Iz/Iy)``, ``omega0`` from the first sample.
+    Returns ``Ix/Iy``, ``Iz/Iy``, ``omega0``, ``rms`` (its own, midpoint at ``substeps``),
+    ``status``, ``message``, ``iterations``, ``se`` (the layer's: the larger of the classical and
+    the block-sandwich estimate), ``se_classical`` (``s^2 (J^T J)^-1``, as fit_inertia's),
+    ``at_edge`` (a chart coordinate held at a bound), ``cpu_s``, ``wall_s``."""
+    import jax.numpy as jnp
+
+    import rigidjax as rj
+    from rigidjax import identify
+    from rigidjax.identify import observations as obs
+    from rigidjax.identify import transforms as tr
+
+    if not _LAYER:  # one object each: problems of one structure share a compiled program
+        _LAYER.update(
+            model=rj.RigidBody(1.0, np.eye(3)),
+            stepper=rj.Midpoint(max_rotation=float("inf")),
+            parameter=identify.Parameter(_inertia, tr.MomentRatios(), into=tr.MomentRatios.inertia),
+            observations=[obs.AngularVelocity(bias=False, sigma=1.0)],
+            initial=identify.FreeBodyInitial(("angular_velocity",)),
+        )
+    t0, c0 = time.perf_counter(), _cpu()
+    state0 = rj.RigidBodyState(orientation=jnp.array([1.0, 0, 0, 0]), angular_velocity=jnp.asarray(seg.omega[0]))
+    problem = identify.Problem(
+        model=_LAYER["model"],
+        stepper=_LAYER["stepper"],
+        # the start projected onto the valid box (as SciPy's and sysid's: an equation-error start may violate it)
+        parameters={"ratios": dataclasses.replace(_LAYER["parameter"], start=np.array(ratios(chart(*start))))},
+        observations=_LAYER["observations"],
+        segments=[identify.MeasuredSegment(t=seg.t - seg.t[0], data={"omega": seg.omega}, state0=state0)],
+        initial=_LAYER["initial"],
+        substeps=int(substeps),
+    )
+    f = identify.fit(problem, starts=starts, pad_to=pad_to)
+    ix, iz = (float(v) for v in f.values["ratios"])
+    return {
+        "Ix/Iy": ix,
+        "Iz/Iy": iz,
+        "omega0": [float(v) for v in f.initial[0]],
+        "rms": float(f.rms[0]),
+        "se": [float(v) for v in f.se["ratios"]],
+        "se_classical": [float(v) for v in f.se_classical["ratios"]],
+        "status": str(f.status.value),
+        "message": f.message,
+        "iterations": int(f.iterations),
+        "starts_at_best": int(f.starts_at_best),
+        # the sub-steps the fit ended with (where identify.fit refines them by its own step-error check)
+        "substeps": int(getattr(f, "substeps", substeps)),
+        "substeps_given": int(substeps),
+        "at_edge": "held at a bound" in f.message,
+        "chart": [float(v) for v in f.x[:2]],
         "cpu_s": _cpu() - c0,
         "wall_s": time.perf_counter() - t0,
     }
@@ -224,7 +300,23 @@ def main(argv=None) -> int:
         import mujoco.sysid  # noqa: F401 (imported before timing, as JAX is)
     spec = Spec(False, None, False)
     rj_cpu_window = rows["rigidjax per-window"]["warm_cpu_s"] / len(segs)
-    methods = ("rigidjax", "scipy") + (("sysid",) if why_not is None else ())
+    methods = ("rigidjax", "identify.fit", "scipy") + (("sysid",) if why_not is None else ())
+
+    def _start(s):
+        th = equation_error_guess([s], spec)
+        moments = np.maximum(th[:3], 1e-3 * np.sum(np.abs(th[:3])))
+        return np.array([moments[0], moments[2]]) / moments[1]
+
+    # the general layer on the baseline windows: two passes (cold, warm), fit_inertia's sub-steps
+    pad_to = max(s.n for s in segs)
+    layer_times, layer = [], {}
+    for _ in range(2):
+        t0, c0 = time.perf_counter(), _cpu()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for i in pick:
+                layer[i] = layer_fit(segs[i], _start(segs[i]), ours.segments[i]["substeps"], args.starts, pad_to)
+        layer_times.append((time.perf_counter() - t0, _cpu() - c0))
     per_window = []
     for i in pick:
         s = segs[i]
@@ -243,9 +335,14 @@ def main(argv=None) -> int:
                 "status": getattr(seg_row.get("status"), "value", seg_row.get("status")),
             },
         }
-        th = equation_error_guess([s], spec)
-        moments = np.maximum(th[:3], 1e-3 * np.sum(np.abs(th[:3])))
-        start = np.array([moments[0], moments[2]]) / moments[1]
+        start = _start(s)
+        w["identify.fit"] = layer[i]
+        # the layer's estimates against fit_inertia's, in fit_inertia's standard errors
+        se_fi = seg_row.get("se") or {}
+        w["identify.fit"]["diff_se_vs_fit_inertia"] = [
+            (layer[i][k] - est[k]) / se_fi[k] if est.get(k) is not None and se_fi.get(k) else None
+            for k in ("Ix/Iy", "Iz/Iy")
+        ]
         w["scipy"] = scipy_fit(s, start)
         if why_not is None:
             t0 = time.perf_counter()
@@ -292,6 +389,20 @@ def main(argv=None) -> int:
         rigidjax_rms_same_windows=float(np.sqrt(np.nanmean(ours_ref**2))),
         scipy_rms_over_rigidjax_same_windows=[float(b / a) for a, b in zip(ours_ref, scipy_rms)],
     )
+    rows["rigidjax identify.fit"] = {
+        "cold_s": layer_times[0][0] * scale,
+        "warm_s": layer_times[1][0] * scale,
+        "cold_cpu_s": layer_times[0][1] * scale,
+        "warm_cpu_s": layer_times[1][1] * scale,
+        "windows": n_base,
+        "extrapolated_to": len(segs),
+        "Ix/Iy": float(np.median([w["identify.fit"]["Ix/Iy"] for w in per_window])),
+        "Iz/Iy": float(np.median([w["identify.fit"]["Iz/Iy"] for w in per_window])),
+        "rms": float(np.sqrt(np.mean([w["identify.fit"]["rms"] ** 2 for w in per_window]))),
+        "status": f"{sum(w['identify.fit']['status'] == 'converged' for w in per_window)} of {n_base} converged",
+        "method": "rigidjax.identify.fit: MomentRatios, AngularVelocity(bias=False), "
+        "FreeBodyInitial(angular_velocity), midpoint at fit_inertia's sub-steps",
+    }
     if why_not is None:
         rows["mujoco.sysid"] = _baseline_row(
             "sysid", "mujoco.sysid.optimize (mujoco.minimize, finite differences) around mujoco.rollout (RK4, 1 ms)"
@@ -310,6 +421,13 @@ def main(argv=None) -> int:
         "scipy_cost_excess_max": float(np.nanmax(ratio_scipy)),
         # every estimate re-simulated by DOP853 (rtol 1e-10), relative to the best of the methods per window
         "rigidjax_cost_excess_max": float(np.nanmax(rj_excess)),
+        "identify_fit_cost_excess_max": float(np.nanmax([w["identify.fit"]["cost_excess"] for w in per_window])),
+        "identify_fit_max_diff_se_vs_fit_inertia": float(
+            np.nanmax(
+                [abs(d) for w in per_window for d in w["identify.fit"]["diff_se_vs_fit_inertia"] if d is not None]
+                or [np.nan]
+            )
+        ),
         "sysid": why_not or "ran",
     }
     if why_not is None:
@@ -346,7 +464,7 @@ def main(argv=None) -> int:
         "window is the warm per-window fit's CPU divided by the number of windows."
     )
     head = f"{'window':<30}" + "".join(
-        f" | {m:<8}{'CPU':>6} {'RMS':>7} {'Ix/Iy':>7} {'Iz/Iy':>7} {'cost%':>7}" for m in methods
+        f" | {m:<12}{'CPU':>6} {'RMS':>7} {'Ix/Iy':>7} {'Iz/Iy':>7} {'cost%':>7}" for m in methods
     )
     print(head)
     print("-" * len(head))
@@ -359,7 +477,7 @@ def main(argv=None) -> int:
         for m in methods:
             r = w_[m]
             line += (
-                f" | {'':<8}{_f(r['cpu_s'], '6.3f')} {_f(r['rms'], '7.4f')} {_f(r['Ix/Iy'], '7.3f')} "
+                f" | {'':<12}{_f(r['cpu_s'], '6.3f')} {_f(r['rms'], '7.4f')} {_f(r['Ix/Iy'], '7.3f')} "
                 f"{_f(r['Iz/Iy'], '7.3f')} {_f(100 * r['cost_excess'], '+7.2f')}"
             )
         print(line)
@@ -381,6 +499,19 @@ def main(argv=None) -> int:
         f"(SciPy's own fits: {100 * summary['scipy_cost_excess_median']:+.2f} % median, largest "
         f"{100 * summary['scipy_cost_excess_max']:+.1f} %, against rigidjax's under DOP853)."
     )
+    print(
+        "identify.fit (the general layer, fit_inertia's sub-steps): cost under DOP853 at most "
+        f"{100 * summary['identify_fit_cost_excess_max']:+.3f} % above the best on any window; estimates within "
+        f"{summary['identify_fit_max_diff_se_vs_fit_inertia']:.3g} of fit_inertia's standard errors of its estimates."
+    )
+    for w_ in per_window:
+        r = w_["identify.fit"]
+        d = ", ".join("—" if v is None else f"{v:+.3f}" for v in r["diff_se_vs_fit_inertia"])
+        print(
+            f"  {_short(w_['window'])[:30]:<30} {r['status']:<10} k={r['substeps']:<3} chart (u, v) = "
+            f"({r['chart'][0]:.6g}, {r['chart'][1]:.6g}){' on an edge' if r['at_edge'] else ''}; "
+            f"Ix/Iy, Iz/Iy - fit_inertia's: ({d}) se"
+        )
     print("Targets: " + "; ".join(f"{k.replace('_', ' ')}: {'yes' if v else 'NO'}" for k, v in targets.items()))
     out = {
         "rows": rows,

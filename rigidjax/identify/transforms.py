@@ -148,7 +148,8 @@ class Box:
     the data would make negative, a fraction in ``[0, 1]``): unlike :class:`Bounded`, whose
     sigmoid reaches its ends only at ``u -> +-inf``, the bounded optimiser stops exactly at
     the bound and reports it converged there (first-order optimality with the gradient
-    pointing out of the box).
+    pointing out of the box: the projected Levenberg-Marquardt of
+    :mod:`rigidjax.identify._lm`, after Kanzow, Yamashita & Fukushima 2004).
 
     Args:
         lo, hi: numbers or 1-D sequences broadcast (NumPy rules) against the value's shape;
@@ -216,10 +217,12 @@ class MomentRatios:
     The chart of :func:`rigidjax.identify.fit_inertia` (:mod:`rigidjax.identify._model`):
     with ``I_y = 1`` the second moments of the mass distribution (``I_x = L_y + L_z`` and
     cyclic; the body is physical exactly when every ``L >= 0``) are ``L_x = u``,
-    ``L_z = 1 - u``, ``L_y = v``, so the triangle inequalities are the box: ``u = 1`` is
-    ``Iz = Ix + Iy`` (a thin plate in the x-y plane, e.g. a racquet), ``u = 0`` is ``Ix = Iy +
-    Iz`` (a plate in y-z), ``v = 0`` is ``Iy = Ix + Iz`` (a plate in x-z); the bounded
-    optimiser reaches these edges exactly. The corners ``(u, v) = (1, 0)`` and ``(0, 0)`` are
+    ``L_z = 1 - u``, ``L_y = v`` (physical consistency as non-negative second moments:
+    Wensing, Kim & Slotine, "Linear matrix inequalities for physically consistent inertial
+    parameter identification", IEEE RA-L 3(1), 2018), so the triangle inequalities are the
+    box: ``u = 1`` is ``Iz = Ix + Iy`` (a thin plate in the x-y plane, e.g. a racquet),
+    ``u = 0`` is ``Ix = Iy + Iz`` (a plate in y-z), ``v = 0`` is ``Iy = Ix + Iz`` (a plate in
+    x-z); the bounded optimiser reaches these edges exactly. The corners ``(u, v) = (1, 0)`` and ``(0, 0)`` are
     rods (``Ix = 0`` or ``Iz = 0``): not positive definite, a simulation fails there. ``v <=
     v_max`` bounds the search (the largest ratio at most about ``v_max``): a fit that ends
     there prefers a degenerate, rod-like body (fit_inertia reports it unidentifiable).
