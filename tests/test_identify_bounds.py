@@ -27,7 +27,12 @@ NOISE = 0.01  # rad/s
 W0 = np.array([0.3, 3.0, 0.4])  # rad/s: near the unstable intermediate axis (a tumble)
 #: A thin plate: Iz = Ix + Iy exactly (the chart's edge u = 1), and a body inside the box.
 PLATE = np.array([1.0, 2.0, 3.0])
-INSIDE = np.array([1.0, 2.0, 2.8])
+INSIDE = np.array([1.2, 2.0, 2.8])
+#: A box on the ratios, every point physical (Iz/Iy - Ix/Iy <= 1 <= Ix/Iy + Iz/Iy), and a body
+#: whose least-squares ratios lie outside it (Ix/Iy = 0.5 < 0.51). One box object for both
+#: Box fits: one compiled program.
+BOX = tr.Box((0.51, 1.0), (1.0, 1.5))
+OUTSIDE = np.array([1.0, 2.0, 2.8])
 #: One model object (a placeholder inertia) for every problem: problems of one structure
 #: share a compiled program (the fitted leaf is replaced).
 MODEL = rj.RigidBody(1.0, np.diag([1.0, 1.0, 1.0]))
@@ -151,16 +156,16 @@ def test_thin_plate_reaches_the_edge():
 
 
 def test_body_inside_the_box_is_unaffected():
-    """A body inside the box: no bound is active, and the fit equals the unconstrained one
-    (Real ratios through the same `into`) in value and standard error."""
+    """A body inside the box: no bound is active, and the fit equals the one in another chart
+    (the ratios themselves, a Box whose bounds stay inactive) in value and standard error."""
     seg = _gyro_segment(INSIDE, seed=2)
     f = identify.fit(_problem(seg), starts=4)
     assert f.status == identify.FitStatus.CONVERGED, f.message
     assert "held at a bound" not in f.message and 0 < f.x[0] < 1, (f.message, f.x[:2])
     truth = INSIDE[[0, 2]] / INSIDE[1]
     _within(f.values["ratios"], truth, f.se["ratios"])
-    g = identify.fit(_problem(seg, tr.Real()), starts=4)
-    assert g.status == identify.FitStatus.CONVERGED, g.message
+    g = identify.fit(_problem(seg, BOX), starts=4)
+    assert g.status == identify.FitStatus.CONVERGED and "held at a bound" not in g.message, g.message
     np.testing.assert_allclose(f.values["ratios"], g.values["ratios"], rtol=1e-7)
     np.testing.assert_allclose(f.se_classical["ratios"], g.se_classical["ratios"], rtol=1e-5)
     # the reported error (the larger of the classical and the sandwich estimate, chosen per
@@ -173,9 +178,9 @@ def test_box_reaches_its_bound(monkeypatch):
     is outside): the fit ends exactly on the bound, converged, the other ratio free and with
     a finite error; the random starts that a spread puts outside the box are clipped into it
     (the optimiser receives starts inside, some on the bound)."""
-    seg = _gyro_segment(INSIDE, seed=2)
-    truth = INSIDE[[0, 2]] / INSIDE[1]
-    lo, hi = (truth[0] + 0.01, 1.0), (1.0, 1.5)  # every point physical: Iz - Ix <= 1 <= Ix + Iz
+    seg = _gyro_segment(OUTSIDE, seed=2)
+    lo, hi = BOX.lo, BOX.hi
+    assert OUTSIDE[0] / OUTSIDE[1] < lo[0]
     seen = {}
     solve = _lm.solve
 
@@ -184,7 +189,7 @@ def test_box_reaches_its_bound(monkeypatch):
         return solve(evaluate, x0, rows, lo_, hi_, **kw)
 
     monkeypatch.setattr(_lm, "solve", spy)
-    f = identify.fit(_problem(seg, tr.Box(lo, hi), start=(0.6, 1.3)), starts=4, spread=2.0)
+    f = identify.fit(_problem(seg, BOX, start=(0.6, 1.3)), starts=4, spread=2.0)
     assert f.status == identify.FitStatus.CONVERGED, f.message
     assert f.values["ratios"][0] == lo[0], f.values["ratios"]
     assert "held at a bound: ratios[0]" in f.message and "(lower)" in f.message, f.message
