@@ -28,17 +28,11 @@ W0 = np.array([0.3, 3.0, 0.4])  # rad/s: near the unstable intermediate axis (a 
 Q0 = Rotation.from_rotvec([0.3, -0.2, 0.5]).as_quat(scalar_first=True)
 
 
-def _quat_mul(p, q):
-    w1, x1, y1, z1 = p
-    w2, x2, y2, z2 = q
-    return np.array(
-        [
-            w1 * w2 - x1 * x2 - y1 * y2 - z1 * z2,
-            w1 * x2 + x1 * w2 + y1 * z2 - z1 * y2,
-            w1 * y2 - x1 * z2 + y1 * w2 + z1 * x2,
-            w1 * z2 + x1 * y2 - y1 * x2 + z1 * w2,
-        ]
-    )
+def _right_pure(w):
+    """The matrix of ``q -> q (x) (0, w)`` (quaternion product with a pure quaternion, scalar
+    first): ``d q / dt = 0.5 _right_pure(omega_body) q``."""
+    x, y, z = w
+    return np.array([[0.0, -x, -y, -z], [x, 0.0, z, -y], [y, -z, 0.0, x], [z, y, -x, 0.0]])
 
 
 def truth(mass, inertia, force, torque, w0, q0, t, r):
@@ -53,7 +47,7 @@ def truth(mass, inertia, force, torque, w0, q0, t, r):
 
     def rhs(s, y):
         w, q = y[:3], y[3:7]
-        dq = 0.5 * _quat_mul(q, np.concatenate([[0.0], w]))
+        dq = 0.5 * _right_pure(w) @ q
         return np.concatenate([alpha(w), dq, force / mass + G])
 
     y0 = np.concatenate([w0, q0, np.zeros(3)])
@@ -150,8 +144,8 @@ def test_ep_signals_kinematics():
     model = _ep_model()
     q = Rotation.from_rotvec([0.4, -0.7, 0.2]).as_quat(scalar_first=True)
     w, al, a = np.array([0.5, -1.2, 2.0]), np.array([3.0, 0.4, -1.1]), np.array([0.3, 2.0, -4.0])
-    q_t = 0.5 * _quat_mul(q, np.concatenate([[0.0], w]))
-    q_tt = 0.5 * (_quat_mul(q_t, np.concatenate([[0.0], w])) + _quat_mul(q, np.concatenate([[0.0], al])))
+    q_t = 0.5 * _right_pure(w) @ q
+    q_tt = 0.5 * (_right_pure(w) @ q_t + _right_pure(al) @ q)
     ref = np.asarray(model.reference[0])
     moving = ep.EPState(
         jnp.zeros(()),

@@ -156,6 +156,33 @@ def ep_signals(body: int = 0):
     return signals
 
 
+def _triad_parameters(o) -> dict:
+    """The sensor parameters of a three-axis sensor ``o`` with ``bias``, ``gain`` and
+    ``misalignment`` flags: ``{name: (transform, start value)}`` (zero bias, unit gains, no
+    misalignment)."""
+    p = {}
+    if o.bias:
+        p["bias"] = (Real(), np.zeros(3))
+    if o.gain:
+        p["gain"] = (Positive(), np.ones(3))
+    if o.misalignment:
+        p["misalignment"] = (Real(), np.zeros(3))
+    return p
+
+
+def _triad_reading(y, p: dict):
+    """What a three-axis sensor reads of the true body-axis signal ``y (..., 3)``: turned by
+    the misalignment rotation (a rotation vector, rad), scaled per axis by the gains, plus the
+    bias (each where ``p`` has it)."""
+    if "misalignment" in p:
+        y = so3.rotate(so3.exp(p["misalignment"]), y)
+    if "gain" in p:
+        y = y * p["gain"]
+    if "bias" in p:
+        y = y + p["bias"]
+    return y
+
+
 def _check_sigma(o) -> None:
     if not (isinstance(o.sigma, (int, float, np.floating)) and np.isfinite(o.sigma) and o.sigma > 0):
         raise ValueError(f"{type(o).__name__}: sigma must be a finite number > 0; got {o.sigma!r}")
@@ -207,13 +234,7 @@ class AngularVelocity:
 
     def parameters(self, width: int = 3) -> dict:
         """``{name: (transform, start value)}`` of the sensor parameters."""
-        p = {}
-        if self.bias:
-            p["bias"] = (Real(), np.zeros(3))
-        if self.gain:
-            p["gain"] = (Positive(), np.ones(3))
-        if self.misalignment:
-            p["misalignment"] = (Real(), np.zeros(3))
+        p = _triad_parameters(self)
         if self.max_delay is not None:
             if not self.max_delay > 0:
                 raise ValueError(f"AngularVelocity: max_delay must be > 0 s; got {self.max_delay}")
@@ -241,12 +262,7 @@ class AngularVelocity:
         y = predicted
         if "delay" in p:
             y = _delayed(y, t, p["delay"])
-        if "misalignment" in p:
-            y = so3.rotate(so3.exp(p["misalignment"]), y)
-        if "gain" in p:
-            y = y * p["gain"]
-        if "bias" in p:
-            y = y + p["bias"]
+        y = _triad_reading(y, p)
         return (measured - y) / self.sigma
 
 
@@ -417,13 +433,7 @@ class SpecificForce:
 
     def parameters(self, width: int = 3) -> dict:
         """``{name: (transform, start value)}`` of the sensor parameters."""
-        p = {}
-        if self.bias:
-            p["bias"] = (Real(), np.zeros(3))
-        if self.gain:
-            p["gain"] = (Positive(), np.ones(3))
-        if self.misalignment:
-            p["misalignment"] = (Real(), np.zeros(3))
+        p = _triad_parameters(self)
         if self.fit_position:
             p["position"] = (Real(), np.asarray(self.position, float))
         return p
@@ -454,12 +464,7 @@ class SpecificForce:
         f, w, alpha = predicted[..., :3], predicted[..., 3:6], predicted[..., 6:]
         r = p["position"] if "position" in p else jnp.asarray(self.position, predicted.dtype)
         y = f + jnp.cross(alpha, r) + jnp.cross(w, jnp.cross(w, r))
-        if "misalignment" in p:
-            y = so3.rotate(so3.exp(p["misalignment"]), y)
-        if "gain" in p:
-            y = y * p["gain"]
-        if "bias" in p:
-            y = y + p["bias"]
+        y = _triad_reading(y, p)
         return y
 
     def residual(self, predicted, t, measured, p: dict):
