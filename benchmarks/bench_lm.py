@@ -135,7 +135,8 @@ def compare(name, problem, repeats):
     import optimistix as optx
 
     from rigidjax import identify
-    from rigidjax.identify.problem import _Layout, _residual_fn, _stack_segments
+    from rigidjax.identify._program import _residual_fn, _stack_segments
+    from rigidjax.identify.problem import _Layout
 
     layout = _Layout(problem)
     residuals = _residual_fn(problem, layout)

@@ -39,6 +39,11 @@ class ProblemFit:
         x: the unknown vector at the optimum.
         se_classical: ``{name: standard error}`` of the model values from the classical
             ``s^2 (J^T J)^-1`` alone (right for white residuals).
+        substeps: the stepper's steps per sample interval of this fit (``Problem.substeps``,
+            or more after the step-error check doubled them).
+        step_shift: per value (``names`` order), how far the stepper's error at ``substeps``
+            moves it, in standard errors (:mod:`rigidjax.identify._step_error`); empty when
+            the check was not run.
     """
 
     status: FitStatus
@@ -60,6 +65,8 @@ class ProblemFit:
     decrement: float
     x: np.ndarray
     se_classical: dict = dataclasses.field(default_factory=dict)
+    substeps: int = 1
+    step_shift: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
 
     def to_dict(self) -> dict:
         """JSON-ready: status, message, values and standard errors (lists), sensor parameters,
@@ -89,6 +96,8 @@ class ProblemFit:
             "starts": int(self.starts),
             "starts_at_best": int(self.starts_at_best),
             "decrement": clean(self.decrement),
+            "substeps": int(self.substeps),
+            "step_shift": clean(self.step_shift),
         }
 
     def __str__(self) -> str:
@@ -102,6 +111,12 @@ class ProblemFit:
             f"cost {self.cost:.6g}; rms per observation {[float(f'{r:.4g}') for r in self.rms]}; "
             f"{self.starts_at_best}/{self.starts} starts at the best cost; {self.iterations} iterations"
         )
+        if np.size(self.step_shift) and np.all(np.isfinite(self.step_shift)):
+            k = int(np.argmax(self.step_shift))
+            lines.append(
+                f"step error at substeps={self.substeps}: moves {self.names[k]} by "
+                f"{self.step_shift[k]:.2g} standard errors (the most)"
+            )
         return "\n".join(lines)
 
 
@@ -159,6 +174,14 @@ def _pad(a: np.ndarray, N: int) -> np.ndarray:
     return np.concatenate([a, np.zeros((N - len(a),) + a.shape[1:])])
 
 
+def flat_values(layout, x):
+    """The fitted values at ``x``, flattened in ``ProblemFit.names`` order: model values in
+    the problem's insertion order (not ``tree_leaves``' sorted keys), then sensor values."""
+    mv, sv = layout.values(x)
+    vals = [v for v in mv.values()] + [v for d_ in sv for v in d_.values()]
+    return jnp.concatenate([jnp.ravel(jnp.asarray(a)) for a in jax.tree_util.tree_leaves(vals)])
+
+
 def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype) -> ProblemFit:
     """The :class:`ProblemFit` of the best start ``b`` of the optimiser's state ``st``
     (``stacked``: the padded segments; padded samples enter no count or statistic)."""
@@ -207,13 +230,7 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype) -> P
     # values and their covariance (delta method through the transforms)
     ng = layout.n_global
 
-    def value_vec(xg):
-        mv, sv = layout.values(jnp.concatenate([xg, xj[ng:]]))
-        # in insertion order (as the names below), not tree_leaves' sorted keys
-        vals = [v for v in mv.values()] + [v for d_ in sv for v in d_.values()]
-        return jnp.concatenate([jnp.ravel(jnp.asarray(a)) for a in jax.tree_util.tree_leaves(vals)])
-
-    Tv = np.asarray(jax.jacfwd(value_vec)(xj[:ng]), float)
+    Tv = np.asarray(jax.jacfwd(lambda xg: flat_values(layout, jnp.concatenate([xg, xj[ng:]])))(xj[:ng]), float)
     cov_v = Tv @ np.nan_to_num(cov[:ng, :ng]) @ Tv.T
     # a value that moves with an undetermined coordinate has no finite error (nor covariance)
     lost = (np.abs(Tv) @ undetermined[:ng].astype(float) > 0) | ~np.isfinite(s2)
@@ -308,6 +325,7 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype) -> P
         starts=starts,
         starts_at_best=at_best,
         decrement=decrement,
+        substeps=problem.substeps,
         x=np.asarray(x),
         se_classical=se_classical,
     )

@@ -34,6 +34,15 @@ message names the coordinates held there). What the result's ``status`` means:
 ``starts_at_best`` counts the starts that reached the best cost (relative 1e-6): one start
 out of many reaching it is a warning that the landscape has several basins.
 
+Step error. The fitted model is the discrete one, ``substeps`` steps per sample interval.
+At the optimum, :mod:`rigidjax.identify._step_error` estimates how far the stepper's own
+error moves each fitted value (Richardson, from the residuals at twice the steps), in
+standard errors (``step_shift``); above 0.3, ``step_check="refine"`` (the default) doubles
+the steps and refits from the optimum, at most three times, and the message names what
+remains. Generalized-alpha under a load held per sample interval is first order in the
+step (each jump of the load leaves its acceleration-like variable inconsistent): known
+loads through the Euler-parameter step need many substeps, which the check measures.
+
 Segments may have different lengths: each is padded to a common length ``N`` (the longest,
 or :func:`fit`'s ``pad_to``: problems of one structure padded to one length share one
 compiled program) with samples of zero weight, its times continued at the segment's median
@@ -59,7 +68,6 @@ error for a quantity the data determine only to within that interval.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -72,9 +80,10 @@ import numpy as np
 from .. import so3
 from ..body import RigidBodyState
 from ..info import Status
-from ..rollout import rollout
 from . import _lm
 from ._problem_result import ProblemFit, _coordinate_names, result
+from ._program import _evaluator
+from ._step_error import refine_steps
 from .observations import rigid_body_signals
 from .transforms import Positive, bounds_of
 
@@ -348,165 +357,6 @@ class _Layout:
         return x
 
 
-@dataclasses.dataclass(frozen=True)
-class _Stacked:
-    """The segments padded to ``N`` samples and stacked (see the module): ``t (S, N)``; ``dt
-    (S, (N - 1) k)`` per step; ``data {key: (S, N, k)}``; ``weights`` per observation ``(S, N)``
-    (0 at padded samples); ``state0`` and ``inputs`` stacked; ``steps (S, (N - 1) k)`` True
-    at the real segment's steps; ``n (S,)`` real samples (NumPy)."""
-
-    t: Any
-    dt: Any
-    data: dict
-    weights: list
-    state0: Any
-    inputs: Any
-    steps: Any
-    n: np.ndarray
-
-    def arrays(self):
-        """The arrays the compiled program takes."""
-        return (self.t, self.dt, self.data, self.weights, self.state0, self.inputs, self.steps)
-
-
-def _stack_segments(problem: Problem, dtype, pad_to: int | None = None) -> _Stacked:
-    segs = problem.segments
-    k = problem.substeps
-    n = np.array([len(np.asarray(s.t)) for s in segs])
-    N = int(n.max()) if pad_to is None else int(pad_to)
-    if N < n.max():
-        raise ValueError(f"fit: pad_to={pad_to} is shorter than the longest segment ({int(n.max())} samples)")
-
-    def pad(a, length=N):
-        a = np.asarray(a, float)
-        return np.concatenate([a, np.zeros((length - len(a),) + a.shape[1:])])
-
-    ts = []
-    for s in segs:
-        ti = np.asarray(s.t, float)
-        ts.append(np.concatenate([ti, ti[-1] + float(np.median(np.diff(ti))) * np.arange(1, N - len(ti) + 1)]))
-    t = np.stack(ts)
-    dt = np.repeat(np.diff(t, axis=1) / k, k, axis=1)
-    data = {o.key: np.stack([pad(s.data[o.key]) for s in segs]) for o in problem.observations}
-    weights = [np.stack([pad(o.weight(np.asarray(s.t, float))) for s in segs]) for o in problem.observations]
-    steps = np.arange((N - 1) * k)[None, :] // k < (n[:, None] - 1)
-    state0 = jax.tree_util.tree_map(lambda *a: jnp.stack([jnp.asarray(x, dtype) for x in a]), *[s.state0 for s in segs])
-    if segs[0].inputs is None:
-        inputs = None
-    else:
-        inputs = jax.tree_util.tree_map(
-            lambda *a: jnp.stack([jnp.repeat(jnp.asarray(pad(x, N - 1), dtype), k, axis=0) for x in a]),
-            *[s.inputs for s in segs],
-        )
-    cast = lambda a: jnp.asarray(a, dtype)  # noqa: E731
-    return _Stacked(
-        cast(t),
-        cast(dt),
-        {kk: cast(v) for kk, v in data.items()},
-        [cast(w) for w in weights],
-        state0,
-        inputs,
-        jnp.asarray(steps),
-        n,
-    )
-
-
-def _residual_fn(problem: Problem, layout: _Layout):
-    """``residuals(arrays, x) -> (r (S, N, c) weighted, status (S,))`` for one unknown
-    vector (``arrays``: :meth:`_Stacked.arrays`): the rollouts' first failure per segment within
-    its real steps (``Status.SUCCESS`` where every step succeeded). Padded samples give 0."""
-    k, nz, ng, S = problem.substeps, layout.nz, layout.n_global, layout.S
-
-    def residuals(arrays, x):
-        t, dt, data, weights, state0, inputs, steps = arrays
-        n_steps = dt.shape[1]
-        model = layout.model(x)
-        _, sensor = layout.values(x)
-        Z = x[ng:].reshape(S, nz)
-
-        def one(z, s0, ts, dts, u, d, w, real):
-            st0 = problem.initial.build(model, z, s0)
-            traj = rollout(problem.stepper, model, st0, dts, n_steps, u)
-            sig = problem.signals(model, traj.states)
-            rs = []
-            for o, p, wi in zip(problem.observations, sensor, w):
-                pred = sig[o.signal][::k]
-                # zero where the weight is: a padded sample's prediction may be anything
-                rs.append(jnp.where(wi[:, None] > 0, o.residual(pred, ts, d[o.key], p) * wi[:, None], 0.0))
-            # the first failure of the rollout's real steps (SUCCESS = 0 where none)
-            status = jnp.max(jnp.where(real, traj.info.status, Status.SUCCESS))
-            return jnp.concatenate(rs, -1), status
-
-        return jax.vmap(one)(Z, state0, t, dt, inputs, data, weights, steps)
-
-    return residuals
-
-
-#: Compiled programs of recent problem structures (see :func:`_program`), most recent last.
-_PROGRAMS: collections.OrderedDict = collections.OrderedDict()
-_PROGRAMS_KEPT = 8
-
-
-def _frozen(a):
-    """A hashable stand-in of a model leaf: an array by its dtype, shape and bytes."""
-    if isinstance(a, (np.ndarray, jax.Array)):
-        a = np.asarray(a)
-        return ("array", a.dtype.str, a.shape, a.tobytes())
-    return a
-
-
-def _shapes(like):
-    """The structure and leaf shapes of a start value (all a transform's ``like`` conveys)."""
-    leaves, treedef = jax.tree_util.tree_flatten(like)
-    return treedef, tuple(np.shape(a) for a in leaves)
-
-
-def _program(problem: Problem, layout: _Layout, dtype):
-    """``jac_all(arrays, X) -> (r, status, J)`` per row of ``X``, jitted; shared by every
-    problem of the same structure (model values, stepper, parameters with the shapes of their
-    start values, observations, initial state, signals, substeps, segment count: equal or the
-    same objects), whose data enter as arguments: one compilation per structure and padded
-    length. The start values enter the program only through their shapes (a transform's
-    ``like``)."""
-    leaves, treedef = jax.tree_util.tree_flatten(problem.model)
-    key = (
-        treedef,
-        tuple(_frozen(a) for a in leaves),
-        tuple((name, p.where, p.transform, p.into) for name, p in problem.parameters.items()),
-        tuple((kind, name, tr, _shapes(like), off, n) for kind, name, tr, like, off, n in layout.slots),
-        tuple(problem.observations),
-        problem.initial,
-        problem.stepper,
-        problem.signals,
-        problem.substeps,
-        layout.S,
-        jnp.dtype(dtype).name,
-    )
-    try:
-        hash(key)
-    except TypeError:  # an unhashable part: a program for this problem alone
-        key = None
-    if key is not None and key in _PROGRAMS:
-        _PROGRAMS.move_to_end(key)
-        return _PROGRAMS[key]
-    residuals = _residual_fn(problem, layout)
-
-    @jax.jit
-    def jac_all(arrays, X):
-        def one(x):
-            r, status = residuals(arrays, x)
-            J = jax.jacfwd(lambda y: residuals(arrays, y)[0].reshape(-1))(x)
-            return r.reshape(-1), status, J
-
-        return jax.vmap(one)(X)
-
-    if key is not None:
-        _PROGRAMS[key] = jac_all
-        while len(_PROGRAMS) > _PROGRAMS_KEPT:
-            _PROGRAMS.popitem(last=False)
-    return jac_all
-
-
 def fit(
     problem: Problem,
     *,
@@ -516,6 +366,7 @@ def fit(
     max_steps: int = 100,
     dtype=jnp.float64,
     pad_to: int | None = None,
+    step_check: str = "refine",
 ) -> ProblemFit:
     """Fit ``problem`` (see the module for the method, statuses and uncertainties).
 
@@ -532,6 +383,13 @@ def fit(
             stepper, parameters, observations, initial state, signals and segment count)
             padded to one length, fitted with one ``starts`` and ``dtype``, share one
             compiled program: give windows of different lengths one ``pad_to``.
+        step_check: the stepper's error at the optimum (:mod:`rigidjax.identify._step_error`:
+            how far it moves each fitted value, in standard errors; the result's ``substeps``
+            and ``step_shift``). ``"refine"``: while a value moves by more than 0.3 standard
+            errors, double ``Problem.substeps`` and refit from the optimum (at most 3 times;
+            then the message says so); ``"report"``: measure and warn in the message, no
+            refit; ``"off"``: neither (``step_shift`` empty). Each check compiles the forward
+            residuals at twice the steps; each refinement the fit's program at the new steps.
 
     Returns:
         :class:`ProblemFit`.
@@ -544,6 +402,8 @@ def fit(
         raise ValueError(f"fit: starts must be an integer >= 1; got {starts!r}")
     if not spread >= 0:
         raise ValueError(f"fit: spread must be >= 0; got {spread!r}")
+    if step_check not in ("refine", "report", "off"):
+        raise ValueError(f"fit: step_check must be 'refine', 'report' or 'off'; got {step_check!r}")
     if jnp.dtype(dtype) == jnp.float64 and not jax.config.jax_enable_x64:
         raise ValueError("fit: dtype float64 needs jax.config.update('jax_enable_x64', True) (or pass float32)")
     # the model in the evaluation dtype (a float64 model fitted in float32, and vice versa)
@@ -552,24 +412,7 @@ def fit(
     if pad_to is not None and not (isinstance(pad_to, (int, np.integer)) and pad_to >= 3):
         raise ValueError(f"fit: pad_to must be None or an integer >= 3; got {pad_to!r}")
     layout = _Layout(problem)
-    stacked = _stack_segments(problem, dtype, pad_to)
-    jac_all = _program(problem, layout, dtype)
-    arrays = stacked.arrays()
-
-    def run(X):
-        """Residuals, statuses and Jacobians of the points ``X (na <= starts, P)``, padded to one
-        batch size (one compiled program whatever the number of starts still running)."""
-        na = len(X)
-        padded = np.concatenate([X, np.repeat(X[:1], starts - na, 0)]) if na < starts else X
-        r, status, J = jac_all(arrays, jnp.asarray(padded, dtype))
-        return np.asarray(r, float)[:na], np.asarray(status)[:na], np.asarray(J, float)[:na]
-
-    def evaluate(X, rows):
-        r, status, J = run(X)
-        ok = np.all(status == Status.SUCCESS, axis=1) & np.all(np.isfinite(J), axis=(1, 2)) & np.all(np.isfinite(r), 1)
-        r0, J0 = np.where(ok[:, None], r, 0), np.where(ok[:, None, None], J, 0)
-        cost = np.where(ok, 0.5 * np.sum(r0 * r0, 1), np.inf)
-        return cost, np.einsum("ami,amj->aij", J0, J0), np.einsum("ami,am->ai", J0, r0), ok, np.zeros((len(X), 1))
+    stacked, run, evaluate = _evaluator(problem, layout, dtype, pad_to, starts)
 
     x0 = layout.start()
     r0, status0, _ = run(x0[None])
@@ -597,9 +440,11 @@ def fit(
         raise ValueError("fit: no start could be evaluated (NaN or a failed step at every start)")
     b = int(np.argmin(cost))
     at_best = int(np.sum(cost <= cost[b] * (1 + 1e-6) + 1e-300))
-    x = st["x"][b]
+    x, g = st["x"][b], st["g"][b]
     out = result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype)
-    held = _held(layout, x, st["g"][b])
+    if step_check != "off":
+        out, x, g = refine_steps(problem, layout, out, run, x, g, dtype, pad_to, max_steps, step_check == "refine")
+    held = _held(layout, x, g)
     if held:
         out = dataclasses.replace(out, message=f"{out.message}; held at a bound: {', '.join(held)}")
     return out
