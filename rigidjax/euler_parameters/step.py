@@ -74,6 +74,12 @@ class GeneralizedAlphaEP(AbstractStepper):
         inputs: the applied wrench ``(nb, 6)`` (``(6,)`` for one body) held over the step:
             force in the WORLD frame (N), torque about the centre of mass (N m) in
             ``torque_frame``; ``None`` for zero. Gravity and resistance come from ``model.body``.
+            The acceleration-like variable carries the previous step's load: a load that
+            jumps between steps (held per sample interval), or an initial state whose
+            accelerations ignore the first load (:func:`initial_state`'s ``wrench``), makes
+            the velocities first order in ``dt`` (a compound pendulum under a torque held per
+            5 ms interval: ``r_k - r_2k`` halves per doubling of the steps; with a constant
+            torque and consistent initial accelerations it quarters).
         dt: step, s (> 0; checked by :func:`rigidjax.rollout` where concrete; a traced
             ``dt <= 0`` or NaN gives ``Status.INVALID_INPUT``, state unchanged).
 
