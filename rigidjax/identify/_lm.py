@@ -37,8 +37,8 @@ vmapped call per iteration for the whole batch, and optimistix' LM has no bounds
 Side by side on the same residuals and starts (``benchmarks/bench_lm.py``, float64, 2-core
 VM): both reach the same cost (to 5e-11 relative) on a known-torque body (9 unknowns), four
 such segments (18) and a variational pendulum (6); this solver in 6, 8 and 16 iterations,
-``optx.LevenbergMarquardt(rtol=atol=1e-10)`` in 31, 32 and 35, warm wall time 0.17, 0.56 and
-0.16 s against 0.61, 1.27 and 0.26 s (compilation equal within noise).
+``optx.LevenbergMarquardt(rtol=atol=1e-10)`` in 31, 32 and 35; warm wall time 0.10, 0.25 and
+0.13 s against 0.27, 0.82 and 0.14 s (first calls, compilation included, 4-6 s both).
 """
 
 from __future__ import annotations
