@@ -11,8 +11,9 @@ start, one start each; truths by SciPy DOP853 (rtol 1e-12) plus noise:
 * ``vi-pendulum``: a pendulum's length and damping through the variational step from an
   encoder (two swings, 300 samples, substeps 2; 2 + 2 x 2 = 6 unknowns).
 
-Rows: ``rigidjax fit`` (``identify.fit(problem, starts=1, step_check="off")``: the same discrete model: NumPy LM iterations around one
-jitted, vmapped residual-and-Jacobian call, forward mode) and ``optimistix LM``
+Rows: ``rigidjax fit`` (``identify.fit(problem, starts=1, step_check="off")``, the same
+discrete model: NumPy LM iterations around one jitted, vmapped residual-and-Jacobian call,
+forward mode) and ``optimistix LM``
 (``optx.least_squares`` with ``optx.LevenbergMarquardt(rtol=1e-10, atol=1e-10)``, forward-mode
 Jacobian, the whole loop compiled). Columns: first call (compilation included) and best warm
 wall time, iterations, final cost ``1/2 |r|^2`` and its excess over the smaller of the two.
