@@ -144,7 +144,8 @@ def test_thin_plate_reaches_the_edge():
     print(f)
     assert f.status == identify.FitStatus.CONVERGED, f.message
     assert f.x[0] == 1.0 and 0 < f.x[1] < tr.V_MAX, f.x[:2]
-    assert "held at a bound: ratios[0] = 1 (upper)" in f.message, f.message
+    # the message names the chart coordinate held (u = 1: the edge Iz = Ix + Iy), not the value
+    assert "held at a bound: ratios (MomentRatios coordinate 0) = 1 (upper bound)" in f.message, f.message
     r = f.values["ratios"]
     assert r[1] == r[0] + 1.0  # Iz/Iy = Ix/Iy + 1 exactly: a thin plate
     _within(r, PLATE[[0, 2]] / PLATE[1], f.se["ratios"])
@@ -192,7 +193,7 @@ def test_box_reaches_its_bound(monkeypatch):
     f = identify.fit(_problem(seg, BOX, start=(0.6, 1.3)), starts=4, spread=2.0)
     assert f.status == identify.FitStatus.CONVERGED, f.message
     assert f.values["ratios"][0] == lo[0], f.values["ratios"]
-    assert "held at a bound: ratios[0]" in f.message and "(lower)" in f.message, f.message
+    assert "held at a bound: ratios (Box coordinate 0)" in f.message and "(lower bound)" in f.message, f.message
     assert lo[1] < f.values["ratios"][1] < hi[1]
     assert np.all(np.isfinite(f.se["ratios"])) and np.all(f.se["ratios"] > 0), f.se
     x0 = seen["x0"]

@@ -69,8 +69,10 @@ class ProblemFit:
     step_shift: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
 
     def to_dict(self) -> dict:
-        """JSON-ready: status, message, values and standard errors (lists), sensor parameters,
-        initial unknowns, cost, RMS, the covariance with its names, the optimiser's counts."""
+        """JSON-ready: status, message, values and standard errors (the reported and the
+        classical ones; lists), sensor parameters, initial unknowns, cost, RMS, the covariance
+        with its names, the optimiser's counts, the step check's ``substeps`` and
+        ``step_shift``, and the unknown vector ``x`` (non-finite numbers as ``null``)."""
 
         def clean(a):
             a = np.asarray(a, float)
@@ -84,6 +86,7 @@ class ProblemFit:
             "message": self.message,
             "values": js(self.values),
             "se": js(self.se),
+            "se_classical": js(self.se_classical),
             "sensor": js(self.sensor),
             "sensor_se": js(self.sensor_se),
             "initial": js(self.initial),
@@ -98,6 +101,7 @@ class ProblemFit:
             "decrement": clean(self.decrement),
             "substeps": int(self.substeps),
             "step_shift": clean(self.step_shift),
+            "x": clean(self.x),
         }
 
     def __str__(self) -> str:

@@ -32,8 +32,11 @@ class FitStatus(str, enum.Enum):
     #: The data cannot determine the fitted parameters (noise only, too few samples, a spin
     #: about one principal axis): no estimate is presented.
     UNIDENTIFIABLE = "unidentifiable"
-    #: Re-simulated by a tight independent integrator, the fitted window's residual differs by
-    #: more than 10 %: the midpoint step's own error shapes the fit (raise ``substeps``).
+    #: The optimum was reached, but the stepper's own error shapes the estimate (raise
+    #: ``substeps``): for :func:`~rigidjax.identify.fit_inertia`, the fitted window re-simulated
+    #: by a tight independent integrator has a residual more than 10 % different; for
+    #: :func:`~rigidjax.identify.fit`, the step-error check moves a value by more than 0.3
+    #: standard errors.
     STEP_ERROR = "step_error"
     #: Windows of recordings whose estimates disagree with the others' beyond their spread
     #: (a different body?): not pooled.

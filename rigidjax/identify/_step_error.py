@@ -16,7 +16,12 @@ the data determine); each fitted value moves by ``v(x + dx) - v(x)``, reported i
 standard errors. Above :data:`STEP_SHIFT_MAX` the stepper's error is not negligible next
 to the noise: :func:`fit` doubles ``substeps`` and refits from the optimum, and stops when
 the largest shift no longer shrinks (below :data:`SHRINK_MIN` of the previous one): the
-difference is then round-off (e.g. float32), not step error.
+difference is then round-off (e.g. float32), not step error. A converged fit whose values
+still move by more than :data:`STEP_SHIFT_MAX` after the check (``step_check="report"``, the
+doublings exhausted, or a refit that failed; not where the shift stopped shrinking, which
+is round-off and only named in the message) gets the status
+:attr:`~rigidjax.identify.FitStatus.STEP_ERROR`: the optimum of the discrete model was
+reached, but the stepper's error biases the values by more than the stated amount.
 """
 
 from __future__ import annotations
@@ -87,7 +92,7 @@ def refine_steps(problem, layout, out, run, x, g, dtype, pad_to, max_steps, refi
     ``MAX_DOUBLINGS`` times; none without ``refine``) and refit from the optimum (one start:
     the multi-start search was done). Returns ``(out, x, g)`` of the last fit, with
     ``substeps`` and ``step_shift``."""
-    first, previous = out, np.inf
+    first, previous, roundoff = out, np.inf, False
     for doubling in range(MAX_DOUBLINGS + 1):
         shift = _step_shift(problem, layout, out, run, x, dtype, pad_to)
         worst = int(np.nanargmax(shift)) if np.any(np.isfinite(shift)) else 0
@@ -106,6 +111,7 @@ def refine_steps(problem, layout, out, run, x, g, dtype, pad_to, max_steps, refi
                 message=f"{out.message}; the steps' error estimate moves {out.names[worst]} by {shift[worst]:.2g} "
                 f"standard errors at substeps={problem.substeps} and does not shrink with the steps (round-off?)",
             )
+            roundoff = True
             break
         previous = shift[worst]
         if doubling == MAX_DOUBLINGS or not refine:
@@ -132,4 +138,21 @@ def refine_steps(problem, layout, out, run, x, g, dtype, pad_to, max_steps, refi
             )
             break
         out, x, g = finer, st["x"][0], st["g"][0]
-    return out, x, g
+    return _conclude(out, first.substeps, roundoff), x, g
+
+
+def _conclude(out, given: int, roundoff: bool):
+    """The status and message after the check: ``STEP_ERROR`` where a value still moves by
+    more than :data:`STEP_SHIFT_MAX` standard errors (a converged fit of the discrete model
+    whose values the stepper's error biases), unless the shift stopped shrinking with the
+    steps (``roundoff``: the difference is the evaluation's round-off, which more steps do not
+    remove; the message says so); the message says when the steps were refined."""
+    if out.substeps != given:
+        out = dataclasses.replace(
+            out, message=f"{out.message}; steps refined to substeps={out.substeps} (from {given})"
+        )
+    shift = np.asarray(out.step_shift, float)
+    if out.status == FitStatus.CONVERGED and not roundoff and shift.size and np.all(np.isfinite(shift)):
+        if np.max(shift) > STEP_SHIFT_MAX:
+            out = dataclasses.replace(out, status=FitStatus.STEP_ERROR)
+    return out

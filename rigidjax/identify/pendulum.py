@@ -327,8 +327,12 @@ def fit_pendulum(
     w, axis = _column(omega, axis, name)
     if t.ndim != 1 or w.shape != t.shape:
         raise ValueError(f"fit_pendulum: t must be (n,) and omega (n,) or (n, 3); got {t.shape} and {np.shape(omega)}")
-    if t.size < 10 or not (np.all(np.isfinite(t)) and np.all(np.isfinite(w))):
-        raise ValueError("fit_pendulum: need >= 10 finite samples")
+    if t.size < 10:
+        raise ValueError(f"fit_pendulum: need >= 10 samples; got {t.size}")
+    for label, a in (("t", t), ("omega", w)):
+        bad = np.flatnonzero(~np.isfinite(a))
+        if bad.size:
+            raise ValueError(f"fit_pendulum: {label} has {bad.size} NaN or inf values, the first at sample {bad[0]}")
     if np.any(np.diff(t) <= 0):
         raise ValueError("fit_pendulum: t must be strictly increasing")
     for label, v in (("mass", mass), ("distance", distance), ("gravity", gravity)):

@@ -29,7 +29,11 @@ message names the coordinates held there). What the result's ``status`` means:
 * ``unidentifiable``: the optimum was reached but a combination of the fitted coordinates is
   not determined (e.g. a frame offset and a free body's initial orientation);
 * ``nonfinite``: a rollout step failed (a Newton solve, NaN) at the best point;
-* ``max_steps`` / ``stalled``: the optimiser's cap came first / no step lowered the cost.
+* ``max_steps`` / ``stalled``: the optimiser's cap came first / no step lowered the cost;
+* ``poor_fit``: an optimum whose residuals are over 5 times the stated ``sigma`` (wrong units,
+  a missing effect, or a ``sigma`` too small);
+* ``step_error``: an optimum, but the stepper's own error moves a value by more than 0.3
+  standard errors after the step-error check below (raise ``Problem.substeps``).
 
 ``starts_at_best`` counts the starts that reached the best cost (relative 1e-6): one start
 out of many reaching it is a warning that the landscape has several basins.
@@ -39,9 +43,10 @@ At the optimum, :mod:`rigidjax.identify._step_error` estimates how far the stepp
 error moves each fitted value (Richardson, from the residuals at twice the steps), in
 standard errors (``step_shift``); above 0.3, ``step_check="refine"`` (the default) doubles
 the steps and refits from the optimum, at most three times, and the message names what
-remains. Generalized-alpha under a load held per sample interval is first order in the
-step (each jump of the load leaves its acceleration-like variable inconsistent): known
-loads through the Euler-parameter step need many substeps, which the check measures.
+remains; a shift still above 0.3 makes a converged fit ``step_error``. Generalized-alpha
+under a load held per sample interval is first order in the step (each jump of the load
+leaves its acceleration-like variable inconsistent): known loads through the
+Euler-parameter step need many substeps, which the check measures.
 
 Segments may have different lengths: each is padded to a common length ``N`` (the longest,
 or :func:`fit`'s ``pad_to``: problems of one structure padded to one length share one
@@ -80,8 +85,9 @@ import numpy as np
 from .. import so3
 from ..body import RigidBodyState
 from ..info import Status
+from ..rollout import rollout
 from . import _lm
-from ._problem_result import ProblemFit, _coordinate_names, result
+from ._problem_result import ProblemFit, result
 from ._program import _evaluator
 from ._step_error import refine_steps
 from .observations import rigid_body_signals
@@ -132,6 +138,15 @@ class MeasuredSegment:
                         f"MeasuredSegment {self.name!r}: inputs need a leading axis of N - 1 = {len(t) - 1} "
                         f"(one per sample interval); got {np.shape(leaf)}"
                     )
+                bad = np.argwhere(~np.isfinite(np.asarray(leaf, float)))
+                if len(bad):
+                    raise ValueError(
+                        f"MeasuredSegment {self.name!r}: inputs contain NaN or inf ({len(bad)} values, the first at "
+                        f"index {tuple(int(i) for i in bad[0])})"
+                    )
+        for leaf in jax.tree_util.tree_leaves(self.state0):
+            if not np.all(np.isfinite(np.asarray(leaf, float))):
+                raise ValueError(f"MeasuredSegment {self.name!r}: state0 contains NaN or inf")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,6 +326,11 @@ class _Layout:
             except ValueError as e:
                 raise ValueError(f"{label}: {e}") from None
             u = np.asarray(tr.inverse(like), float)
+            if not np.all(np.isfinite(u)):
+                raise ValueError(
+                    f"{label}: the start value {np.asarray(like).tolist()} is not finite in its transform's "
+                    f"coordinates {u.tolist()} ({type(tr).__name__})"
+                )
             if not np.all((u >= lo) & (u <= hi)):
                 raise ValueError(
                     f"{label}: the start value {np.asarray(like).tolist()} has coordinates {u.tolist()} outside "
@@ -402,6 +422,8 @@ def fit(
         raise ValueError(f"fit: starts must be an integer >= 1; got {starts!r}")
     if not spread >= 0:
         raise ValueError(f"fit: spread must be >= 0; got {spread!r}")
+    if not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
+        raise ValueError(f"fit: max_steps must be an integer >= 1; got {max_steps!r}")
     if step_check not in ("refine", "report", "off"):
         raise ValueError(f"fit: step_check must be 'refine', 'report' or 'off'; got {step_check!r}")
     if jnp.dtype(dtype) == jnp.float64 and not jax.config.jax_enable_x64:
@@ -412,6 +434,7 @@ def fit(
     if pad_to is not None and not (isinstance(pad_to, (int, np.integer)) and pad_to >= 3):
         raise ValueError(f"fit: pad_to must be None or an integer >= 3; got {pad_to!r}")
     layout = _Layout(problem)
+    _check_signals(problem, layout, dtype)
     stacked, run, evaluate = _evaluator(problem, layout, dtype, pad_to, starts)
 
     x0 = layout.start()
@@ -450,13 +473,60 @@ def fit(
     return out
 
 
+def _check_signals(problem: Problem, layout: _Layout, dtype) -> None:
+    """Trace (without running) the first segment's rollout and signals at the start values:
+    the stepper accepts the state and the known inputs, and the signal map gives every
+    observation's ``signal`` with the measured width. Raises ``ValueError`` naming what
+    does not fit."""
+    seg = problem.segments[0]
+    n_steps = (len(np.asarray(seg.t)) - 1) * problem.substeps
+    x0 = jnp.asarray(layout.start(), dtype)
+    cast = lambda a: jnp.asarray(a, dtype)  # noqa: E731
+    inputs = None
+    if seg.inputs is not None:
+        inputs = jax.tree_util.tree_map(lambda a: jnp.repeat(cast(a), problem.substeps, axis=0), seg.inputs)
+    dts = jnp.full((n_steps,), float(np.median(np.diff(np.asarray(seg.t, float)))) / problem.substeps, dtype)
+
+    def signals(x, state0, u):
+        model = layout.model(x)
+        st0 = problem.initial.build(model, x[layout.n_global : layout.n_global + layout.nz], state0)
+        traj = rollout(problem.stepper, model, st0, dts, n_steps, u)
+        return problem.signals(model, traj.states)
+
+    state0 = jax.tree_util.tree_map(cast, seg.state0)
+    try:
+        shapes = jax.eval_shape(signals, x0, state0, inputs)
+    except Exception as e:  # the user's stepper, state, inputs or signal map: say where it failed
+        what = (
+            ""
+            if seg.inputs is None
+            else f" with inputs of shapes {[np.shape(a) for a in jax.tree_util.tree_leaves(seg.inputs)]}"
+        )
+        raise ValueError(f"fit: segment {seg.name!r} cannot be simulated{what}: {type(e).__name__}: {e}") from None
+    for o in problem.observations:
+        if o.signal not in shapes:
+            raise ValueError(
+                f"fit: {type(o).__name__} reads the signal {o.signal!r}, which the problem's signal map does not "
+                f"give; it gives {sorted(shapes)}"
+            )
+
+
 def _held(layout: _Layout, x, g) -> list[str]:
-    """``"name[k] = bound (lower|upper)"`` for each coordinate the optimiser holds at a bound
-    at ``x`` (gradient ``g`` pointing out of the box, as :mod:`rigidjax.identify._lm`'s
-    active set)."""
-    names = _coordinate_names(layout)
+    """``"name (Transform coordinate k) = bound (lower|upper)"`` for each coordinate the
+    optimiser holds at a bound at ``x`` (gradient ``g`` pointing out of the box, as
+    :mod:`rigidjax.identify._lm`'s active set): the bound is on the transform's coordinate,
+    not on the value (e.g. ``MomentRatios``' ``u = 1``: the edge ``Iz = Ix + Iy``)."""
     lo_, hi_ = (x <= layout.lo) & (g > 0), (x >= layout.hi) & (g < 0)
-    return [f"{names[i]} = {x[i]:.6g} ({'lower' if lo_[i] else 'upper'})" for i in np.flatnonzero(lo_ | hi_)]
+    out = []
+    for i in np.flatnonzero(lo_ | hi_):
+        for kind, name, tr, _, off, n in layout.slots:
+            if off <= i < off + n:
+                label = name if kind == "model" else f"{kind}.{name}"
+                k = f" {i - off}" if n > 1 else ""
+                out.append(
+                    f"{label} ({type(tr).__name__} coordinate{k}) = {x[i]:.6g} ({'lower' if lo_[i] else 'upper'} bound)"
+                )
+    return out
 
 
 def _model_mask(layout: _Layout) -> np.ndarray:
