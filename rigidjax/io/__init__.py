@@ -1,0 +1,135 @@
+"""Loaders for measured motion: phone apps' exports, plain CSV, motion capture, NPZ.
+
+Every gyroscope loader returns a list of :class:`Segment`: one free-motion window each, with
+the MEASURED timestamps (nothing is resampled; models are compared at these times) and the
+angular velocity in the sensor's BODY frame, in s and rad/s. Formats:
+
+- **phyphox** ("Gyroscope rotation rate"; :mod:`rigidjax.io.phyphox`): export folders or the
+  app's ``.zip``, in all five CSV dialects it writes (comma / tab / semicolon separators,
+  decimal point or comma), translated column names too; windows from ``meta/segments.csv``.
+- **Sensor Logger** (:mod:`rigidjax.io.sensorlogger`): folders or zips with ``Gyroscope.csv``
+  (``time`` ns, ``seconds_elapsed``, ``z,y,x`` rad/s); ``Orientation.csv`` quaternions through
+  :func:`load_sensor_logger_motion`.
+- **Any CSV** (:mod:`rigidjax.io.table`): a column map (``columns="t=Time,wx=gx,..."``) and
+  units (``time_unit`` s/ms/us/ns, ``rate_unit`` rad/s or deg/s, ``length_unit`` m/cm/mm).
+- **Motion capture / pose CSV** (:func:`load_motion_csv` -> :class:`Motion`): time +
+  quaternion or rotation matrix (+ position, + gyroscope, + known torques).
+- **NPZ**: ``t``, ``omega`` (+ ``orientation``, ``position``).
+
+Units are checked at load time (:mod:`rigidjax.io.units`): a rotation per sample above 1 rad
+or a median time step of 1 s or more is refused with a :class:`DataError` naming the likely
+unit (deg/s, ms, ...) and the flag that fixes it. Malformed input raises :class:`DataError` (a
+``ValueError``) naming the file (``archive.zip/inner/file.csv`` inside zips), the line (1-based,
+the header is line 1) and the column.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ._base import DataError, Motion, Segment
+from .phyphox import PHYPHOX_ABS, PHYPHOX_GYRO, PHYPHOX_TIME, RAW_DATA, has_phyphox, is_phyphox_zip, load_phyphox
+from .sensorlogger import GYROSCOPE, ORIENTATION, is_sensor_logger, load_sensor_logger, load_sensor_logger_motion
+from .table import TARGETS, csv_quantities, load_csv, load_motion_csv, load_npz, parse_columns
+from .units import LENGTH_UNITS, RATE_UNITS, TIME_UNITS, check_plausible
+
+__all__ = [
+    "DataError",
+    "Segment",
+    "Motion",
+    "load",
+    "load_phyphox",
+    "load_sensor_logger",
+    "load_sensor_logger_motion",
+    "load_csv",
+    "load_motion_csv",
+    "load_npz",
+    "parse_columns",
+    "csv_quantities",
+    "check_plausible",
+    "TARGETS",
+    "TIME_UNITS",
+    "RATE_UNITS",
+    "LENGTH_UNITS",
+    "RAW_DATA",
+    "PHYPHOX_TIME",
+    "PHYPHOX_GYRO",
+    "PHYPHOX_ABS",
+    "GYROSCOPE",
+    "ORIENTATION",
+]
+
+
+def _has_sensor_logger(p: Path) -> bool:
+    return is_sensor_logger(p) or any(p.rglob(GYROSCOPE)) or any(is_sensor_logger(z) for z in p.rglob("*.zip"))
+
+
+def load(
+    path,
+    *,
+    keep_only: bool = True,
+    columns=None,
+    time_unit: str | None = None,
+    rate_unit: str | None = None,
+    length_unit: str | None = None,
+    check_units: bool = True,
+) -> list[Segment]:
+    """Load gyroscope segments from ``path``, dispatching on what it is.
+
+    A folder -> every phyphox export (:func:`load_phyphox`) and every Sensor Logger export
+    (:func:`load_sensor_logger`) in or below it; a ``.zip`` -> the export it holds;
+    ``Raw Data.csv`` -> :func:`load_phyphox` on its folder; ``Gyroscope.csv`` ->
+    :func:`load_sensor_logger` on its folder; another ``.csv`` -> :func:`load_csv` (with
+    ``columns``, ``length_unit``); ``.npz`` -> :func:`load_npz`. ``time_unit``/``rate_unit``
+    override the format's units; ``check_units`` runs :func:`rigidjax.io.units.check_plausible`.
+
+    Raises:
+        DataError: the path does not exist, holds no recording, has an unknown suffix, or is
+            malformed; ``columns``/``length_unit`` given for a format that has fixed columns.
+    """
+    p = Path(path)
+    units = dict(time_unit=time_unit, rate_unit=rate_unit, check_units=check_units)
+    if not p.exists():
+        raise DataError(f"{p}: no such file or folder")
+    is_csv = p.is_file() and p.suffix.lower() == ".csv"
+    generic = is_csv and p.name not in (RAW_DATA, GYROSCOPE)
+    if (columns or length_unit) and not generic:
+        raise DataError(
+            f"{p}: --columns and --length-unit apply to a plain CSV file; this is "
+            + ("a folder" if p.is_dir() else "an app export or NPZ")
+            + " with fixed columns"
+        )
+    if p.is_dir():
+        segs: list[Segment] = []
+        phyphox = has_phyphox(p)
+        sensor_logger = _has_sensor_logger(p)
+        if phyphox:
+            segs += load_phyphox(p, keep_only=keep_only, **units)
+        if sensor_logger:
+            segs += load_sensor_logger(p, keep_only=keep_only, **units)
+        if not (phyphox or sensor_logger):
+            raise DataError(
+                f"{p}: no recording found: no phyphox export ({RAW_DATA!r} or meta/) and no Sensor Logger "
+                f"export ({GYROSCOPE!r}) in it, below it or in a .zip"
+            )
+        return segs
+    suffix = p.suffix.lower()
+    if suffix == ".zip":
+        if is_phyphox_zip(p):
+            return load_phyphox(p, keep_only=keep_only, **units)
+        if is_sensor_logger(p):
+            return load_sensor_logger(p, keep_only=keep_only, **units)
+        raise DataError(f"{p}: a zip without a phyphox export ({RAW_DATA!r}) or a Sensor Logger one ({GYROSCOPE!r})")
+    if p.name == RAW_DATA:
+        return load_phyphox(p, keep_only=keep_only, **units)
+    if p.name == GYROSCOPE:
+        return load_sensor_logger(p.parent, keep_only=keep_only, **units)
+    if suffix == ".csv":
+        return load_csv(p, columns=columns, length_unit=length_unit, **units)
+    if suffix == ".npz":
+        if time_unit or rate_unit:
+            raise DataError(f"{p}: an NPZ is in s and rad/s; --time-unit and --rate-unit apply to CSV files")
+        return load_npz(p, check_units=check_units)
+    raise DataError(
+        f"{p}: unknown file type {p.suffix!r} (expected a phyphox or Sensor Logger folder or .zip, a .csv or a .npz)"
+    )
