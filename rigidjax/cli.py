@@ -1,8 +1,10 @@
-"""Command line: ``rigidjax simulate`` and ``rigidjax fit``.
+"""Command line: ``rigidjax simulate``, ``rigidjax fit`` and ``rigidjax fit-pendulum``.
 
-The command line enables float64 (``jax_enable_x64``) before it computes anything; the
-library itself never changes global JAX configuration. Failures exit with status 2 and
-a one-line message; a step that fails in a simulation raises a clear error (checked mode).
+The command line enables float64 (``jax_enable_x64``) and JAX's persistent compilation cache
+(:func:`rigidjax.cli_fit.enable_compilation_cache`; ``--no-cache`` or
+``RIGIDJAX_NO_COMPILATION_CACHE=1`` turn it off) before it computes anything; the library itself
+never changes global JAX configuration. Failures exit with status 2 and a one-line message; a
+step that fails in a simulation raises a clear error (checked mode).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -78,8 +81,31 @@ def _fail(msg: str) -> int:
     return 2
 
 
+EXIT_HELP = """\
+exit status (every command; `rigidjax COMMAND --help` says what each means there):
+  0  success (fit: converged)
+  1  a result that is not fully trustworthy (fit, fit-pendulum)
+  2  bad path, file or option
+  3  recordings whose estimates disagree were not pooled (fit)
+"""
+
+
+def version() -> str:
+    """The installed package's version (``unknown`` when run from an uninstalled tree)."""
+    try:
+        return metadata.version("rigidjax")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rigidjax", description="Differentiable rigid-body dynamics in JAX.")
+    p = argparse.ArgumentParser(
+        prog="rigidjax",
+        description="Differentiable rigid-body dynamics in JAX.",
+        epilog=EXIT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"rigidjax {version()}")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("simulate", help="simulate a built-in scenario (default: a tennis-racket flip) and write CSV")
     s.add_argument(
@@ -96,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="trajectory.csv", help="CSV output (default trajectory.csv)")
     s.add_argument("--json", default=None, help="write the summary as JSON")
     s.add_argument("--plot", default=None, help="write a PNG of omega(t)")
+    cli_fit.add_cache_option(s)
     s.set_defaults(func=_cmd_simulate)
     cli_fit.add_parsers(sub)
     return p
@@ -104,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    cli_fit.enable_compilation_cache(getattr(args, "no_cache", False))
     try:
         return int(args.func(args) or 0)
     except SystemExit:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .identify import FitError, exit_code, fit
 from .identify.recipes import free_body_problem
-from .io import DataError, load_motion_csv
+from .io import DataError, csv_quantities, load_motion_csv
 
 __all__ = ["is_motion_csv", "run_motion"]
 
@@ -18,18 +18,18 @@ __all__ = ["is_motion_csv", "run_motion"]
 MAX_SAMPLES = 20_000
 
 
-def is_motion_csv(path) -> bool:
-    """A CSV (not a phyphox export) with orientation, position or torque columns, or without a
-    gyroscope: the general layer's recording (:func:`rigidjax.io.load_motion_csv`)."""
+def is_motion_csv(path, columns=None) -> bool:
+    """A plain CSV (not an app export) with orientation (quaternion or rotation matrix), position
+    or torque columns after the column map ``columns``: the general layer's recording
+    (:func:`rigidjax.io.load_motion_csv`). A CSV with none of them goes to the gyroscope fit,
+    whose loader names the missing rate columns."""
     p = Path(path)
-    if not (p.is_file() and p.suffix.lower() == ".csv" and p.name != "Raw Data.csv"):
+    if not (p.is_file() and p.suffix.lower() == ".csv" and p.name not in ("Raw Data.csv", "Gyroscope.csv")):
         return False
-    try:
-        with open(p, encoding="utf-8-sig") as f:
-            header = {c.strip() for c in f.readline().split(",")}
-    except (OSError, UnicodeDecodeError):
+    have = csv_quantities(p, columns)
+    if have is None:
         return False
-    return bool(header & {"qw", "x", "tau_x"}) or not {"wx", "wy", "wz"} <= header
+    return bool(have & {"orientation", "position", "torque"})
 
 
 def _error(msg: str) -> int:
@@ -41,7 +41,14 @@ def run_motion(args, path) -> int:
     """Fit one motion CSV (see module); returns the exit code (0 converged, 1 not fully
     trustworthy, 2 bad input)."""
     try:
-        motion = load_motion_csv(path)
+        motion = load_motion_csv(
+            path,
+            columns=args.columns,
+            time_unit=args.time_unit,
+            rate_unit=args.rate_unit,
+            length_unit=args.length_unit,
+            check_units=not args.no_unit_check,
+        )
     except DataError as e:
         return _error(str(e))
     if len(motion.t) > MAX_SAMPLES:

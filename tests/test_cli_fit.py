@@ -1,13 +1,28 @@
 """``rigidjax fit``: the embedded synthetic default (truth known) and the shared real recordings
 (checked against the pendulum moments in their README, measured independently of the flips)."""
 
+import io
 import json
 import math
+import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+from rigidjax import reference
 from rigidjax.cli import build_parser, main
+from rigidjax.cli_fit import NO_CACHE_ENV, Progress, compilation_cache_dir
+
+
+@pytest.fixture(autouse=True)
+def _no_compilation_cache(monkeypatch):
+    """main() would point JAX's persistent cache at the user's cache folder for the rest of the
+    test process: off here (the cache is checked in a subprocess below)."""
+    monkeypatch.setenv(NO_CACHE_ENV, "1")
+
 
 # README of ../shared/data/racquet-flips: pendulum moments (kg m^2, 1-sigma), phone axes
 PENDULUM = {"Ix": (1.8816e-2, 5.68e-3), "Iy": (1.3911e-3, 7.6e-5), "Iz": (2.0703e-2, 3.84e-3)}
@@ -183,3 +198,94 @@ def test_all_real_flips(racquet_dir, capsys, tmp_path):
         # pool anyway: exit 1 or 0, never 3
         assert main(["fit", flips, "--quiet", "--pool-all", *extra]) in (0, 1)
         capsys.readouterr()
+
+
+def test_version_and_top_level_exit_codes(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and re.fullmatch(r"rigidjax \S+\n", capsys.readouterr().out)
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert "exit status" in text and "2  bad path, file or option" in text
+
+
+def test_compilation_cache_dir_rules(tmp_path):
+    env = {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    if sys.platform.startswith("linux"):
+        assert compilation_cache_dir(False, env) == tmp_path / "xdg" / "rigidjax" / "jax-compilation-cache"
+    assert compilation_cache_dir(False, env) is not None
+    assert compilation_cache_dir(True, env) is None  # --no-cache
+    for off in ("1", "yes", "true"):
+        assert compilation_cache_dir(False, {**env, NO_CACHE_ENV: off}) is None
+    for on in ("", "0", "false"):
+        assert compilation_cache_dir(False, {**env, NO_CACHE_ENV: on}) is not None
+
+
+def test_compilation_cache_written_by_the_command(tmp_path):
+    """One short simulate in a fresh process writes compiled programs into the user cache folder."""
+    env = {k: v for k, v in os.environ.items() if k != NO_CACHE_ENV}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), HOME=str(tmp_path))
+    argv = [sys.executable, "-m", "rigidjax", "simulate", "--t-end", "0.1", "--out", str(tmp_path / "t.csv")]
+    subprocess.run(argv, env=env, check=True, capture_output=True, timeout=300)
+    cache = tmp_path / "cache" / "rigidjax" / "jax-compilation-cache"
+    if sys.platform.startswith("linux"):
+        assert any(cache.iterdir()), "no compiled program was cached"
+
+
+def test_progress_plain_lines():
+    out = io.StringIO()  # not a terminal: one plain line per phase change
+    with Progress(stream=out, every=1e9) as p:
+        p.set_phase("loading 1/2: a.csv")
+        p.start_fit(8, "2 window(s), 4 start(s) each")
+        p.tick(8)
+        p.tick(3)  # not shown: lines only on phase changes and the heartbeat (every 1e9 s here)
+        p.set_phase("done")
+    lines = out.getvalue().splitlines()
+    assert [re.sub(r"^\[ *[0-9.]+ s\] ", "", line) for line in lines] == [
+        "loading 1/2: a.csv",
+        "compiling (then fitting 2 window(s), 4 start(s) each)",
+        "fitting: LM iteration 1, 8 of 8 problem(s) iterating",
+        "done",
+    ]
+    quiet = io.StringIO()
+    with Progress(quiet=True, stream=quiet) as p:
+        p.set_phase("loading")
+        p.tick(1)
+    assert quiet.getvalue() == ""
+
+
+def test_several_paths_column_map_and_units(tmp_path, capsys):
+    """Two CSV files with their own column names in ms and deg/s, fitted in one call: the
+    estimates match the exact solution's moments (data: reference.torque_free_omega)."""
+    inertia = np.array([1.0, 2.0, 2.6])
+    rng = np.random.default_rng(4)
+    paths = []
+    for k, w0 in enumerate(([0.3, 4.0, 0.2], [3.0, 0.4, 0.5])):
+        t = np.arange(100) * 0.01
+        w = reference.torque_free_omega(inertia, np.array(w0), t) + rng.normal(0, 1e-3, (100, 3))
+        f = tmp_path / f"imu {k}.csv"
+        rows = [f"{1e3 * ti:.3f};{a:.8g};{b:.8g};{c:.8g}" for ti, (a, b, c) in zip(t, np.degrees(w))]
+        f.write_text("ts;gyro_x;gyro_y;gyro_z\n" + "\n".join(rows) + "\n")
+        paths.append(str(f))
+    cols = "t=ts,wx=gyro_x,wy=gyro_y,wz=gyro_z"
+    out = tmp_path / "fit.json"
+    argv = ["fit", *paths, "--columns", cols, "--time-unit", "ms", "--rate-unit", "deg/s", "--starts", "2"]
+    code = main([*argv, "--json", str(out)])
+    printed = capsys.readouterr()
+    assert code == 0, printed.out + printed.err
+    d = json.loads(out.read_text())
+    assert d["paths"] == paths and len(d["segments"]) == 2
+    # noise 1e-3 rad/s on rates of a few rad/s over 100 samples: errors ~1e-3 relative;
+    # 2 % still catches a unit slip (57x) or swapped axes
+    assert d["estimates"]["Ix/Iy"] == pytest.approx(0.5, rel=0.02)
+    assert d["estimates"]["Iz/Iy"] == pytest.approx(1.3, rel=0.02)
+    # progress on stderr (not a terminal): plain lines with the elapsed time and the phases
+    for phase in ("loading 2/2", "compiling (then fitting 2 window(s)", "fitting: LM iteration"):
+        assert re.search(r"\[ *[0-9.]+ s\] " + re.escape(phase), printed.err), printed.err
+    # without the units: the unit check names the flag
+    assert main(["fit", *paths, "--columns", cols, "--quiet"]) == 2
+    assert "--time-unit ms" in capsys.readouterr().err
+    # a missing second path exits 2 naming it, before anything is fitted
+    assert main(["fit", paths[0], str(tmp_path / "nope.csv"), "--quiet"]) == 2
+    assert "nope.csv: no such file or folder" in capsys.readouterr().err

@@ -23,14 +23,40 @@ import time
 import warnings
 from pathlib import Path
 
-from .identify import FitError, FitStatus, exit_code, fit_inertia, parse_scale
-from .identify._result import pm
-from .identify.pendulum import combine_pendulum, fit_pendulum_segments, looks_like_pendulum
-from .cli_motion import is_motion_csv, run_motion
-from .io import DataError, load
-from .synthetic import synthesize_recording
+from ..cli_motion import is_motion_csv, run_motion
+from ..identify import FitError, exit_code, fit_inertia, parse_scale
+from ..identify.pendulum import looks_like_pendulum
+from ..io import DataError
+from ..synthetic import synthesize_recording
+from ._common import (
+    CACHE_MIN_COMPILE_S,
+    NO_CACHE_ENV,
+    Progress,
+    add_cache_option,
+    add_input_options,
+    compilation_cache_dir,
+    enable_compilation_cache,
+    error,
+    load_paths,
+    plain_csv,
+    prepare_outputs,
+    write_output,
+)
+from .pendulum import PENDULUM_DESCRIPTION, PENDULUM_EXIT_HELP, run_pendulum
 
-__all__ = ["add_parsers", "run", "run_pendulum"]
+__all__ = [
+    "NO_CACHE_ENV",
+    "CACHE_MIN_COMPILE_S",
+    "add_parsers",
+    "add_cache_option",
+    "enable_compilation_cache",
+    "compilation_cache_dir",
+    "Progress",
+    "run",
+    "run_pendulum",
+]
+
+#: environment variable that turns the persistent compilation cache off (any value but 0/false/no)
 
 EXIT_HELP = """\
 exit status:
@@ -42,21 +68,23 @@ exit status:
   3  recordings whose estimates disagree were not pooled (--pool-all pools them anyway)
 """
 
-PENDULUM_EXIT_HELP = """\
-exit status:
-  0  converged: every window swings freely and was fitted to its least-squares minimum
-  1  a window was left out (not a free swing, a poor fit, no swing at all, not converged):
-     the status line and the messages name it
-  2  bad path, file or option
-"""
-
 DESCRIPTION = """\
 Fit the inertia tensor (as ratios in sensor axes, or in kg m^2 with --scale) to measured body
 angular velocity of free flights: least squares between the gyroscope and rollouts of the
 torque-free Euler equations at the measured timestamps, over the physically valid inertias
-(edges included), each window to its least-squares minimum. PATH: a phyphox "Gyroscope rotation
-rate" export folder (windows from meta/segments.csv), a folder of many, a CSV (t,wx,wy,wz) or
-an NPZ (t, omega). Without PATH: a synthetic recording with known truth.
+(edges included), each window to its least-squares minimum. PATH (one or several): a phyphox
+"Gyroscope rotation rate" export folder or its .zip (any of its CSV dialects; windows from
+meta/segments.csv), a Sensor Logger export folder or .zip (Gyroscope.csv), a folder of many, a
+CSV (t,wx,wy,wz, or any names with --columns t=Time,wx=gx,wy=gy,wz=gz and --time-unit,
+--rate-unit) or an NPZ (t, omega). Without PATH: a synthetic recording with known truth.
+
+Units are checked at load time: rates that turn the body by more than 1 rad per sample but read
+sensibly as deg/s, or a median time step of 1 s or more, stop with the likely unit and the flag
+(--rate-unit deg/s, --time-unit ms); --no-unit-check skips the check.
+
+Compiled programs are kept in JAX's persistent compilation cache (in the user's cache folder,
+e.g. ~/.cache/rigidjax/jax-compilation-cache), so a second run of the same command skips most
+of the compiling; --no-cache or RIGIDJAX_NO_COMPILATION_CACHE=1 turns it off.
 
 A CSV with orientation (qw,qx,qy,qz: motion capture), position (x,y,z, m) or known body torques
 (tau_x,tau_y,tau_z, N m: moments in kg m^2) is fitted with every column it has, through
@@ -71,13 +99,10 @@ examples:
   rigidjax fit ../shared/data/racquet-flips/flips --tensor --drag --json fit.json
   rigidjax fit recording/ --joint --scale Iy=1.3911e-3 --plot fit.png --segment 3
   rigidjax fit mocap.csv                         # t,qw,qx,qy,qz[,x,y,z]: orientation (and position) only
+  rigidjax fit vicon.csv --columns t=Time,r11=R11,...,x=TX,y=TY,z=TZ --length-unit mm   # rotation matrices
+  rigidjax fit phyphox.zip "Sensor Logger.zip" imu.csv --columns t=ts,wx=gx,wy=gy,wz=gz --time-unit ms
   rigidjax fit satellite.csv --bias --gain --delay 0.05   # t,wx,wy,wz,tau_x,tau_y,tau_z: kg m^2
 """
-
-
-def _error(cmd: str, msg: str) -> int:
-    print(f"rigidjax {cmd}: error: {msg}", file=sys.stderr)
-    return 2
 
 
 def add_parsers(subparsers) -> None:
@@ -89,7 +114,7 @@ def add_parsers(subparsers) -> None:
         epilog=EXIT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("path", nargs="?", default=None, help="recording(s); omit for the synthetic demo")
+    p.add_argument("path", nargs="*", default=[], help="recording(s), one or several; omit for the synthetic demo")
     p.add_argument(
         "--tensor", action="store_true", help="full inertia tensor (principal axes may be rotated from the sensor axes)"
     )
@@ -167,7 +192,9 @@ def add_parsers(subparsers) -> None:
     )
     p.add_argument("--tosses", type=int, default=5, help="synthetic demo: number of tosses (default 5)")
     p.add_argument("--seed", type=int, default=0, help="random seed (starts; synthetic demo)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    add_input_options(p)
+    add_cache_option(p)
     p.set_defaults(func=run)
 
     q = subparsers.add_parser(
@@ -177,7 +204,7 @@ def add_parsers(subparsers) -> None:
         epilog=PENDULUM_EXIT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    q.add_argument("path", help="recording(s) of a swinging body (phyphox folder(s), CSV, NPZ)")
+    q.add_argument("path", nargs="+", help="recording(s) of a swinging body (phyphox, Sensor Logger, CSV, NPZ)")
     q.add_argument(
         "--axis",
         choices=["x", "y", "z"],
@@ -193,52 +220,9 @@ def add_parsers(subparsers) -> None:
     q.add_argument("--plot", default=None, metavar="OUT.png", help="draw measured vs fitted rate for --segment")
     q.add_argument("--segment", type=int, default=0, metavar="N", help="window to plot (row number)")
     q.add_argument("--quiet", action="store_true", help="no progress output")
+    add_input_options(q)
+    add_cache_option(q)
     q.set_defaults(func=run_pendulum)
-
-
-def _prepare_outputs(cmd, args) -> int | None:
-    """Check the output paths before the fit, not after it: missing folders are created (like
-    simulate --out); a folder in the way or one that cannot be written exits 2 at once."""
-    import os
-
-    for opt, out in (("--json", args.json), ("--plot", args.plot)):
-        if not out:
-            continue
-        p = Path(out)
-        try:
-            p.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            return _error(cmd, f"{opt} {out}: cannot create its folder {p.parent}: {e.strerror or e}")
-        if p.is_dir():
-            return _error(cmd, f"{opt} {out}: is a folder; give a file name")
-        if not os.access(p if p.exists() else p.parent, os.W_OK):
-            return _error(cmd, f"{opt} {out}: not writable")
-    return None
-
-
-def _write(cmd, opt, path, write) -> int | None:
-    try:
-        write()
-    except OSError as e:
-        return _error(cmd, f"{opt} {path}: cannot write: {e.strerror or e}")
-    return None
-
-
-def _load(cmd, path, select=None):
-    """Windows of ``path`` (warnings printed), or an exit code."""
-
-    if not Path(path).exists():
-        return _error(cmd, f"{path}: no such file or folder")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        segs = load(path)
-    for w in caught:
-        print(f"warning: {w.message}", file=sys.stderr)
-    if select:
-        segs = [s for s in segs if select.lower() in s.comment.lower()]
-        if not segs:
-            return _error(cmd, f"no window's comment contains {select!r}")
-    return segs
 
 
 def _plot(result, i: int, out: str) -> None:
@@ -286,11 +270,11 @@ def run(args) -> int:
 
     for name, lo in (("starts", 1), ("max_steps", 1), ("tosses", 1), ("max_samples", 10)):
         if getattr(args, name) is not None and getattr(args, name) < lo:
-            return _error("fit", f"--{name.replace('_', '-')} must be >= {lo}; got {getattr(args, name)}")
+            return error("fit", f"--{name.replace('_', '-')} must be >= {lo}; got {getattr(args, name)}")
     for name, unit in (("max_duration", "s"), ("max_rate", "rad/s")):
         v = getattr(args, name)
         if v is not None and not (math.isfinite(v) and v > 0):
-            return _error("fit", f"--{name.replace('_', '-')} must be > 0 {unit}; got {v}")
+            return error("fit", f"--{name.replace('_', '-')} must be > 0 {unit}; got {v}")
     substeps = args.substeps
     if substeps != "auto":
         try:
@@ -298,12 +282,12 @@ def run(args) -> int:
             if substeps < 1:
                 raise ValueError
         except ValueError:
-            return _error("fit", f"--substeps must be 'auto' or an integer >= 1; got {args.substeps!r}")
+            return error("fit", f"--substeps must be 'auto' or an integer >= 1; got {args.substeps!r}")
     try:
         scale = parse_scale(args.scale)
     except FitError as e:
-        return _error("fit", str(e))
-    code = _prepare_outputs("fit", args)
+        return error("fit", str(e))
+    code = prepare_outputs("fit", args)
     if code is not None:
         return code
 
@@ -311,11 +295,13 @@ def run(args) -> int:
     tmp = None
     tensor, drag, bias = args.tensor, args.drag, args.bias
     joint = bool(args.joint)
+    progress = Progress(quiet=args.quiet)
     try:
-        if args.path is None:
+        if not args.path:
             tmp = tempfile.TemporaryDirectory(prefix="rigidjax-fit-")
             truth = synthesize_recording(tmp.name, n_tosses=args.tosses, seed=args.seed)
             path = truth["path"]
+            paths = [path]
             print(
                 f"No PATH given: synthesised {args.tosses} tosses of a racquet-like body into {path}\n"
                 f"  (scipy DOP853 of Euler's equations; noise {truth['noise_std']} rad/s, bias {truth['bias']} rad/s, "
@@ -331,37 +317,45 @@ def run(args) -> int:
                 scale = ("Iy", truth["Iy"])
                 print(f"  scale fixed by the true Iy = {truth['Iy']:.6g} kg m^2")
         else:
-            path = args.path
+            paths = list(args.path)
+            path = paths[0] if len(paths) == 1 else ", ".join(map(str, paths))
+            for q in paths:
+                if not Path(q).exists():
+                    return error("fit", f"{q}: no such file or folder")
             general = bool(args.gain or args.misalignment or args.delay is not None)
-            if is_motion_csv(path) or (general and Path(path).suffix.lower() == ".csv"):
+            motion = [q for q in paths if is_motion_csv(q, args.columns) or (general and plain_csv(q))]
+            if motion and len(paths) > 1:
+                return error(
+                    "fit",
+                    f"{motion[0]} is fitted by the general layer (orientation, position, torques or gyro "
+                    "sensor model): give it alone, one recording per call",
+                )
+            if motion:
                 return run_motion(args, path)
             if general:
-                return _error(
+                return error(
                     "fit", f"--gain, --misalignment and --delay need a CSV (the general fit); {path} is not one"
                 )
-        segs = _load("fit", path, args.select)
+        progress.__enter__()
+        segs = load_paths("fit", paths, args, progress, args.select)
         if isinstance(segs, int):
             return segs
         if not (0 <= args.segment < len(segs)) and args.plot:
-            return _error("fit", f"--segment {args.segment} out of range: {len(segs)} window(s)")
+            return error("fit", f"--segment {args.segment} out of range: {len(segs)} window(s)")
         swings = [looks_like_pendulum(s.omega) for s in segs]
         if segs and all(a is not None for a in swings):
             axes = sorted({"xyz"[a] for a in swings})
-            return _error(
+            return error(
                 "fit",
                 f"the {len(segs)} window(s) of {path} look like pendulum swings (the rate oscillates about the "
                 f"{'/'.join(axes)} axis alone), not free flight: use `rigidjax fit-pendulum {path}`",
             )
 
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
-            desc="fit (LM iterations)", unit="it", disable=True if args.quiet else None, leave=False, file=sys.stderr
+        n_rec = len({s.source for s in segs})
+        progress.start_fit(
+            len(segs) * args.starts,
+            f"{len(segs)} window(s) of {n_rec} recording(s), {args.starts} start(s) each",
         )
-
-        def progress(n_active):
-            bar.update(1)
-            bar.set_postfix(active=n_active, refresh=False)
 
         kw = {}
         if args.max_duration is not None:
@@ -385,10 +379,11 @@ def run(args) -> int:
                 max_steps=args.max_steps,
                 seed=args.seed,
                 pool="all" if args.pool_all else "consistent",
-                progress=progress,
+                progress=progress.tick,
                 **kw,
             )
-        bar.close()
+        progress.set_phase("done")
+        progress.close()
         elapsed = time.perf_counter() - t0
         result.truth = truth
         model = "full tensor" if tensor else "principal moments along sensor axes"
@@ -405,8 +400,9 @@ def run(args) -> int:
         if args.json:
             out = result.to_dict()
             out["path"] = str(path)
+            out["paths"] = [str(q) for q in paths]
             out["elapsed_s"] = elapsed
-            code = _write(
+            code = write_output(
                 "fit",
                 "--json",
                 args.json,
@@ -416,7 +412,7 @@ def run(args) -> int:
                 return code
             print(f"wrote {args.json}")
         if args.plot:
-            code = _write("fit", "--plot", args.plot, lambda: _plot(result, args.segment, args.plot))
+            code = write_output("fit", "--plot", args.plot, lambda: _plot(result, args.segment, args.plot))
             if code is not None:
                 return code
             print(f"wrote {args.plot} (window {args.segment})")
@@ -427,181 +423,10 @@ def run(args) -> int:
             )
         return exit_code(result.status)
     except (DataError, FitError) as e:
-        return _error("fit", str(e))
+        return error("fit", str(e))
     except OSError as e:
-        return _error("fit", f"{e.filename or ''}: {e.strerror or e}")
+        return error("fit", f"{e.filename or ''}: {e.strerror or e}")
     finally:
+        progress.close()
         if tmp is not None:
             tmp.cleanup()
-
-
-PENDULUM_DESCRIPTION = """\
-Fit a physical pendulum to gyroscope recordings of a body swinging about a fixed axis: per
-window the natural frequency, the period at the swing's amplitude, the damping and, with
---mass and --pivot-distance, the moment of inertia about the pivot and about the centre of
-mass (I_cm = I_pivot - m d^2), through variational rollouts at the measured timestamps. The
-swing axis is detected per window; windows that do not swing freely from their start (held,
-pushed) are flagged and left out of the combined values.
-
-example:
-  rigidjax fit-pendulum ../shared/data/racquet-flips/pendulum --mass 0.45728 --pivot-distance 0.413
-"""
-
-
-def _plot_pendulum(seg, fit, out: str) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(8, 5), constrained_layout=True)
-    FigureCanvasAgg(fig)
-    ax1, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
-    t = seg.t - seg.t[0]
-    w = seg.omega[:, fit.axis]
-    ax1.plot(t, w, ".", ms=2, color="0.4", label="measured")
-    ax1.plot(t, fit.model_omega, "-", lw=1.2, color="C0", label="fitted")
-    ax1.set_ylabel(f"$\\omega_{'xyz'[fit.axis]}$ (rad/s)")
-    ax1.legend(fontsize=8)
-    ax2.plot(t, w - fit.model_omega, lw=0.8, color="C3")
-    ax2.set_ylabel("residual")
-    ax2.set_xlabel("time in window (s)")
-    fig.suptitle(f"{fit.name}: period {fit.period:.4g} s, status {fit.status.value}", fontsize=9)
-    fig.savefig(out, dpi=120)
-
-
-def run_pendulum(args) -> int:
-    """Body of ``rigidjax fit-pendulum``; returns the exit code."""
-    import jax
-    import numpy as np
-
-    jax.config.update("jax_enable_x64", True)
-
-    for name in ("mass", "pivot_distance", "gravity"):
-        v = getattr(args, name)
-        if v is not None and not (math.isfinite(v) and v > 0):
-            return _error("fit-pendulum", f"--{name.replace('_', '-')} must be > 0; got {v}")
-    if (args.mass is None) != (args.pivot_distance is None):
-        return _error("fit-pendulum", "--mass and --pivot-distance go together (the moments need both)")
-    code = _prepare_outputs("fit-pendulum", args)
-    if code is not None:
-        return code
-    try:
-        segs = _load("fit-pendulum", args.path)
-        if isinstance(segs, int):
-            return segs
-        if args.plot and not (0 <= args.segment < len(segs)):
-            return _error("fit-pendulum", f"--segment {args.segment} out of range: {len(segs)} window(s)")
-        t0 = time.perf_counter()
-        fits = fit_pendulum_segments(
-            segs,
-            axis=None if args.axis is None else "xyz".index(args.axis),
-            mass=args.mass,
-            distance=args.pivot_distance,
-            gravity=args.gravity,
-        )
-        elapsed = time.perf_counter() - t0
-    except (DataError, ValueError) as e:
-        return _error("fit-pendulum", str(e).replace("fit_pendulum: ", ""))
-    moments = args.mass is not None
-    print(f"\n{len(segs)} window(s) from {args.path}; physical pendulum (variational rollouts); {elapsed:.1f} s\n")
-    head = f"{'#':>3} {'window':<40} {'n':>4} {'axis':>4} {'amp':>6} {'period (s)':>18} {'damping (1/s)':>18}"
-    head += f" {'I_pivot (g m^2)':>18}" if moments else ""
-    head += f" {'rms':>7} status"
-    print(head)
-    print("-" * len(head))
-    for i, f in enumerate(fits):
-        name = f.name if len(f.name) <= 40 else "…" + f.name[-39:]
-        axis = "xyz"[f.axis] if f.axis >= 0 else "—"
-        row = (
-            f"{i:>3} {name:<40} {f.n:>4} {axis:>4} {math.degrees(f.amplitude):>5.1f}° "
-            f"{_pm(f.period, f.period_se):>18} {_pm(f.damping_rate, f.damping_rate_se):>18}"
-        )
-        if moments:
-            row += f" {_pm(1e3 * f.inertia_pivot, 1e3 * f.inertia_pivot_se):>18}"
-        row += f" {f.rms:>7.4f} {f.status.value}"
-        print(row)
-    comb = combine_pendulum(fits)
-    n_good = sum(f.status == FitStatus.CONVERGED for f in fits)
-    print()
-    if comb:
-        print(
-            f"median over {n_good} converged window(s): estimate ± statistical 1σ, "
-            "95 % interval incl. between-window scatter"
-        )
-        scale = {
-            "inertia_pivot": ("g m^2", 1e3),
-            "inertia_cm": ("g m^2", 1e3),
-            "period": ("s", 1),
-            "omega0": ("rad/s", 1),
-            "damping_rate": ("1/s", 1),
-        }
-        for name, c in comb.items():
-            unit, k = scale[name]
-            lo, hi = c["interval"]
-            iv = f"[{k * lo:.5g}, {k * hi:.5g}]" if np.isfinite(lo) else "—"
-            print(f"  {name + ' (' + unit + ')':<22} {_pm(k * c['median'], k * c['se_stat']):>22}   {iv}")
-        if moments:
-            print(f"  (I_cm = I_pivot - m d^2 with m = {args.mass} kg, d = {args.pivot_distance} m)")
-    else:
-        print("no converged window: no combined values")
-    bad = [f for f in fits if f.status != FitStatus.CONVERGED]
-    for f in bad:
-        print(f"  {f.name}: {f.status.value}: {f.reason}", file=sys.stderr)
-    status = FitStatus.CONVERGED if not bad and comb else (bad[0].status if bad else FitStatus.UNIDENTIFIABLE)
-    print(f"status: {status.value}" + (f" ({len(bad)} of {len(fits)} window(s) left out)" if bad else ""))
-    if args.json:
-
-        def clean(v):
-            return float(v) if isinstance(v, float) and math.isfinite(v) else (None if isinstance(v, float) else v)
-
-        out = {
-            "path": str(args.path),
-            "status": status.value,
-            "elapsed_s": elapsed,
-            "windows": [
-                {
-                    k: (
-                        clean(v)
-                        if not isinstance(v, (np.ndarray, FitStatus))
-                        else (v.value if isinstance(v, FitStatus) else None)
-                    )
-                    for k, v in f.__dict__.items()
-                    if k != "model_omega"
-                }
-                for f in fits
-            ],
-            "combined": {
-                k: {kk: (list(map(clean, vv)) if isinstance(vv, tuple) else clean(vv)) for kk, vv in c.items()}
-                for k, c in comb.items()
-            },
-            "options": {
-                "mass": args.mass,
-                "pivot_distance": args.pivot_distance,
-                "gravity": args.gravity,
-                "axis": args.axis,
-            },
-        }
-        code = _write(
-            "fit-pendulum",
-            "--json",
-            args.json,
-            lambda: Path(args.json).write_text(json.dumps(out, indent=2, allow_nan=False)),
-        )
-        if code is not None:
-            return code
-        print(f"wrote {args.json}")
-    if args.plot:
-        code = _write(
-            "fit-pendulum",
-            "--plot",
-            args.plot,
-            lambda: _plot_pendulum(segs[args.segment], fits[args.segment], args.plot),
-        )
-        if code is not None:
-            return code
-        print(f"wrote {args.plot} (window {args.segment})")
-    return exit_code(status)
-
-
-def _pm(v, e) -> str:
-
-    return pm(v, e)
