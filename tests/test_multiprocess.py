@@ -7,7 +7,7 @@ full ensemble to :func:`rigidjax.ensemble.ensemble_rollout`, which shards the me
 the 4 devices, and gathers the final states with ``process_allgather``. Measured on the
 2-core VM (2026-12-02): the two runs agree bit for bit (largest difference 0 for every
 stepper and field). Runtimes there: the midpoint test ~33 s (three interpreter starts and
-imports, a compile in each process and here), the three steppers ~2.5 min (``slow``: each
+imports, a compile in each process and here), the three steppers ~2.7 min (``slow``: each
 Newton stepper compiles ~10 s, in both processes at once on the 2 cores, and here).
 """
 
@@ -131,3 +131,18 @@ def test_initialize_refuses_partial_settings(monkeypatch):
     with pytest.raises(ValueError, match="host:port"):
         launch.initialize("localhost", 2, 0)
     assert not jax.distributed.is_initialized()
+
+
+@pytest.mark.slow
+def test_readme_scaling_recipe(tmp_path):
+    """README's "Scaling out" script and local command, as written (~30 s)."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("```python\n# scaled.py\n") + len("```python\n")
+    (tmp_path / "scaled.py").write_text(text[start : text.index("```", start)])
+    command = "python -m rigidjax.launch -n 2 --devices-per-process 2 scaled.py"
+    assert f"`{command}`" in text
+    p = subprocess.run(
+        [sys.executable, *command.split()[1:]], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "2 processes, 4 devices, final rates (4096, 3)" in p.stdout
