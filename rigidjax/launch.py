@@ -207,6 +207,8 @@ def launch(
 
 
 def main(argv=None) -> int:
+    """``python -m rigidjax.launch -n N [--devices-per-process K] script.py [args]``: :func:`launch`
+    from the command line; returns the exit status."""
     ap = argparse.ArgumentParser(
         prog="python -m rigidjax.launch",
         description="Run a Python script as N local processes joined by jax.distributed (rigidjax.launch.initialize).",
