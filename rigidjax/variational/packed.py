@@ -267,7 +267,7 @@ def _check(system, state, inputs, dt):
 def free_body_packed_step(
     system, *, rtol, atol, max_iterations: int, forcing_split: str, max_rotation: float
 ) -> PackedStep | None:
-    """The :class:`rigidjax.PackedStep` of :class:`rigidjax.variational.MidpointVI` with these
+    """The :class:`rigidjax.stepper.PackedStep` of :class:`rigidjax.variational.MidpointVI` with these
     (checked) options on ``system`` if :func:`~rigidjax.variational.free_body.is_free_body`
     holds for it, else ``None``: pack/unpack between :class:`rigidjax.variational.VIState` and
     :class:`VICarry`, the step :func:`_packed_vi_step`, and the public step's shape checks."""
