@@ -109,6 +109,10 @@ def _combine_windows(run: _Run, rows, pool: str) -> InertiaFit:
         "omega0": [r.get("_w0", np.full(3, np.nan)) for r in rows],
         "bias": [r.get("_bias", np.zeros(3)) for r in rows],
         "substeps": [int(r["substeps"]) for r in rows],
+        # each window's fitted vector in the reported coordinates and its Gauss-Newton
+        # covariance (shared, bias, omega0), for InertiaFit.to_dict's covariance and tensor
+        "xp": [r.get("_xp") for r in rows],
+        "cov": [r.get("_cov") for r in rows],
     }
     res = InertiaFit(
         mode="per-window",
@@ -262,6 +266,7 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
     se_tot = {name: float("nan") for name in run.names}
     intervals = {name: (float("nan"), float("nan")) for name in run.names}
     widened, dof = [], np.full(len(run.names), float(G_w - 1))
+    sw = None
     if not singular and G_w > 1:
         scores = phy.scores(xp[0], 0)
         sw = _combine.sandwich(A_p[0], scores)
@@ -297,6 +302,13 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
     elif lm_status != FitStatus.CONVERGED:
         joint_reason = f"the joint fit: {lm_status.value}"
     model = per._model
+    n_sh = spec.n_phys + G * n_b  # shared and bias coordinates (the windows' omega0 follow)
+    model["joint"] = {
+        "xp": xp[0, :n_sh],
+        "cov": cov[:n_sh, :n_sh],
+        "cov_total": None if sw is None else sw[:n_sh, :n_sh],
+        "bias_names": [name for name, _ in bias_names],
+    }
     for j, i in enumerate(pooled):
         r = rows[i]
         r["rms"] = float(np.sqrt(rss_p[0, j] / (3 * run.segs[i].n)))

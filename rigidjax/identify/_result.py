@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._model import Spec, pad_length, simulator
+from ._principal import combined_covariance, tensor_summary
 
 
 class FitStatus(str, enum.Enum):
@@ -179,8 +180,99 @@ class InertiaFit:
         )
         return t, seg.omega, np.asarray(w[0], float)[: len(t)] + m["bias"][i]
 
+    def covariance(self) -> dict | None:
+        """The covariance of the fitted parameters: ``{"parameters": names, "matrix": (P, P),
+        "matrix_total": (P, P) or None, "kind": ...}``; ``None`` without an estimate.
+
+        Parameters: the shared reported coordinates (``Ix/Iy``, ``Iz/Iy`` (, ``Ixy/Iy``,
+        ``Ixz/Iy``, ``Iyz/Iy``), drag over ``I_yy`` in 1/s); in joint mode then the gyroscope
+        bias (rad/s; per recording when there are several). The windows' initial rates are
+        nuisance parameters and left out (the matrix is the marginal block). ``matrix`` is
+        statistical (Gauss-Newton ``s^2 (J^T J)^-1``, noise only); ``matrix_total`` covers the
+        scatter between windows: joint, the cluster-robust (sandwich) covariance over windows;
+        per-window, ``(pi/2) S / n`` from the windows' sample covariance ``S`` (``None`` with
+        one window). Per-window mode's ``matrix`` is ``(pi/2) (sum_i C_i^-1)^-1`` over the
+        pooled windows' own covariances ``C_i`` (the median's efficiency times the weighted
+        mean's covariance). Units: ratios are dimensionless, drag/Iy 1/s, bias rad/s.
+        """
+        m = self._model or {}
+        spec: Spec | None = m.get("spec")
+        if spec is None or not self.estimates:
+            return None
+        names = list(spec.inertia_names) + list(spec.drag_names)
+        P = len(names)
+        if self.mode == "joint" and m.get("joint") is not None:
+            j = m["joint"]
+            return {
+                "parameters": names + list(j["bias_names"]),
+                "matrix": np.asarray(j["cov"], float),
+                "matrix_total": None if j["cov_total"] is None else np.asarray(j["cov_total"], float),
+                "kind": "joint fit: statistical (Gauss-Newton); total: cluster-robust (sandwich) over windows",
+                "_xp": np.asarray(j["xp"], float)[:P],
+            }
+        pooled = list(self.combined.get("windows") or [])
+        covs = [np.asarray(m["cov"][i], float)[:P, :P] for i in pooled if m.get("cov") and m["cov"][i] is not None]
+        if not covs:
+            return None
+        xp = np.array([self.estimates[n] for n in names], float)
+        if len(covs) == 1:
+            stat, total = covs[0], None
+            kind = "one window: its Gauss-Newton covariance (statistical)"
+        else:
+            vals = np.array([[self.segments[i]["estimates"][n] for n in names] for i in pooled], float)
+            stat, total = combined_covariance(covs, vals)
+            kind = (
+                f"median of {len(covs)} windows: statistical (pi/2) (sum C_i^-1)^-1 of the windows' Gauss-Newton "
+                "covariances; total (pi/2) S / n from their sample covariance"
+            )
+        return {"parameters": names, "matrix": stat, "matrix_total": total, "kind": kind, "_xp": xp}
+
+    def inertia(self) -> dict | None:
+        """The inertia tensor, its principal moments and principal axes with 1-sigma errors
+        (:func:`rigidjax.identify._principal.tensor_summary`: sensor axes; kg m^2 with a scale,
+        else relative to ``I_yy``; errors by the delta method from :meth:`covariance`, both the
+        statistical ``se`` and, where there is one, ``se_total``). Per-window mode: the tensor
+        of the median parameters. ``None`` without an estimate."""
+        c = self.covariance()
+        if c is None:
+            return None
+        spec: Spec = self._model["spec"]
+        P = spec.n_phys
+        scale = self.options.get("scale")
+        scale = tuple(scale) if scale else None
+        tot = None if c["matrix_total"] is None else c["matrix_total"][:P, :P]
+        return tensor_summary(c["_xp"], spec, scale, c["matrix"][:P, :P], tot)
+
+    def _window_covariance(self, i: int) -> dict | None:
+        m = self._model or {}
+        spec = m.get("spec")
+        cov = (m.get("cov") or [None] * (i + 1))[i]
+        if spec is None or cov is None:
+            return None
+        names = list(spec.inertia_names) + list(spec.drag_names)
+        names += ["bias_x", "bias_y", "bias_z"] if spec.bias else []
+        return {"parameters": names, "matrix": np.asarray(cov, float)[: len(names), : len(names)]}
+
     def to_dict(self) -> dict:
-        """JSON-ready dict (non-finite numbers become ``None``)."""
+        """JSON-ready dict (non-finite numbers become ``None``).
+
+        Besides the attributes: ``covariance`` (:meth:`covariance`: parameter names and the
+        matrix), ``inertia`` (:meth:`inertia`: tensor, principal moments and axes in sensor
+        axes, with delta-method errors), and per window its own fit's covariance
+        (``segments[i]["covariance"]``; joint mode: ``segments[i]["own"]["covariance"]``).
+        """
+        cov = self.covariance()
+        if cov is not None:
+            cov = {k: v for k, v in cov.items() if not k.startswith("_")}
+        segments = []
+        for i, s in enumerate(self.segments):
+            s = dict(s)
+            wc = self._window_covariance(i)
+            if wc is not None and self.mode == "joint" and isinstance(s.get("own"), dict):
+                s["own"] = dict(s["own"], covariance=wc)
+            elif wc is not None:
+                s["covariance"] = wc
+            segments.append(s)
         return _clean(
             {
                 "mode": self.mode,
@@ -193,7 +285,9 @@ class InertiaFit:
                 "total_uncertainties": self.total_uncertainties,
                 "intervals": self.intervals,
                 "combined": self.combined,
-                "segments": self.segments,
+                "covariance": cov,
+                "inertia": self.inertia(),
+                "segments": segments,
                 "truth": self.truth,
                 "step_error": self.step_error,
             }
