@@ -20,6 +20,7 @@ LAYERS = {
     "cli": 6,
     "cli_fit": 6,
     "cli_motion": 6,
+    "report": 6,
     "launch": 6,
     "identify": 5,
     "scenarios": 5,

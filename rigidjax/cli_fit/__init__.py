@@ -27,6 +27,7 @@ from ..cli_motion import is_motion_csv, run_motion
 from ..identify import FitError, exit_code, fit_inertia, parse_scale
 from ..identify.pendulum import looks_like_pendulum
 from ..io import DataError
+from ..report import ReportError, parse_reference, write_report
 from ..synthetic import synthesize_recording
 from ._common import (
     CACHE_MIN_COMPILE_S,
@@ -92,12 +93,15 @@ rigidjax.identify.fit (gyro sensor model: --bias, --gain, --misalignment, --dela
 
 Recordings whose estimates disagree (a different body?) are named and not pooled. Each
 combined estimate comes with its statistical error (noise only) and a 95 % interval that
-covers the scatter between windows.
+covers the scatter between windows. --json also holds the covariance of the fitted parameters,
+the inertia tensor, its principal moments and principal axes (sensor axes, delta-method errors);
+--report DIR writes them with figures into DIR/index.html.
 
 examples:
   rigidjax fit                                   # synthetic demo, truth printed beside estimate
   rigidjax fit ../shared/data/racquet-flips/flips --tensor --drag --json fit.json
   rigidjax fit recording/ --joint --scale Iy=1.3911e-3 --plot fit.png --segment 3
+  rigidjax fit recording/ --report out/ --reference Ix/Iy=13.5+-4   # out/index.html, self-contained
   rigidjax fit mocap.csv                         # t,qw,qx,qy,qz[,x,y,z]: orientation (and position) only
   rigidjax fit vicon.csv --columns t=Time,r11=R11,...,x=TX,y=TY,z=TZ --length-unit mm   # rotation matrices
   rigidjax fit phyphox.zip "Sensor Logger.zip" imu.csv --columns t=ts,wx=gx,wy=gy,wz=gz --time-unit ms
@@ -159,6 +163,20 @@ def add_parsers(subparsers) -> None:
     )
     p.add_argument("--plot", default=None, metavar="OUT.png", help="draw measured vs fitted omega(t) for --segment")
     p.add_argument("--segment", type=int, default=0, metavar="N", help="window to plot (row number in the table)")
+    p.add_argument(
+        "--report",
+        default=None,
+        metavar="DIR",
+        help="write DIR/index.html: a self-contained report (statuses, combined estimate, tensor and principal axes, "
+        "per-window estimates and measured vs fitted rates with residuals; inline SVG, no network)",
+    )
+    p.add_argument(
+        "--reference",
+        action="append",
+        default=[],
+        metavar="NAME=V+-E",
+        help="a reference value drawn in the report beside the estimates, e.g. Ix/Iy=13.5+-4 (repeatable)",
+    )
     p.add_argument("--starts", type=int, default=4, metavar="K", help="starts per window (default 4)")
     p.add_argument(
         "--substeps",
@@ -290,6 +308,14 @@ def run(args) -> int:
     code = prepare_outputs("fit", args)
     if code is not None:
         return code
+    try:
+        references = [parse_reference(r) for r in args.reference]
+    except ReportError as e:
+        return error("fit", str(e))
+    if references and not args.report:
+        return error("fit", "--reference is drawn in the report: give --report DIR too")
+    if args.report and Path(args.report).exists() and not Path(args.report).is_dir():
+        return error("fit", f"--report {args.report}: is a file; give a folder")
 
     truth = None
     tmp = None
@@ -329,6 +355,10 @@ def run(args) -> int:
                     "fit",
                     f"{motion[0]} is fitted by the general layer (orientation, position, torques or gyro "
                     "sensor model): give it alone, one recording per call",
+                )
+            if motion and args.report:
+                return error(
+                    "fit", "--report covers the gyroscope fit (rigidjax.identify.fit_inertia); not a motion CSV"
                 )
             if motion:
                 return run_motion(args, path)
@@ -416,6 +446,21 @@ def run(args) -> int:
             if code is not None:
                 return code
             print(f"wrote {args.plot} (window {args.segment})")
+        if args.report:
+            notes = [str(w.message) for w in caught] + [
+                f"{s['name']}: {s['status']}: {s['reason']}"
+                for s in result.segments
+                if s["status"] != "converged" and s.get("reason")
+            ]
+            refs = list(references)
+            if truth is not None:  # the demo: the truth as a reference (no error)
+                refs += [(k, float(truth[k]), 0.0) for k in ("Ix/Iy", "Iz/Iy") if k not in {r[0] for r in refs}]
+            command = "rigidjax " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["fit"] else None
+            try:
+                out_html = write_report(result, args.report, references=refs, warnings=notes, command=command)
+            except (ReportError, OSError) as e:
+                return error("fit", f"--report {args.report}: {e}")
+            print(f"wrote {out_html}")
         if truth is not None:
             print(
                 "estimate - truth in standard errors: "
