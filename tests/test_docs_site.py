@@ -1,0 +1,121 @@
+"""The built documentation site in headless Chromium: the home page shows its figure, a stepper's
+concept page and an API page show their equations typeset by MathJax, and a notebook page its
+figures.
+
+Needs a built site (``python docs/build.py``; ``site/`` or ``$RIGIDJAX_DOCS_SITE``), Chromium
+(``chromium``, ``chromium-browser`` or ``google-chrome`` on the PATH, e.g. Debian's ``chromium``
+package) and Playwright (the ``docs`` extra; it drives that Chromium, no browser download).
+Skipped with a message where any is absent: ``.ci/run`` runs this file again after building the
+site. Screenshots go to ``$RIGIDJAX_DOCS_SCREENSHOTS`` when set (else pytest's tmp_path).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SITE = Path(os.environ.get("RIGIDJAX_DOCS_SITE", ROOT / "site"))
+CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+
+if not (SITE / "index.html").exists():
+    pytest.skip(f"no built site at {SITE} (python docs/build.py builds it)", allow_module_level=True)
+if CHROMIUM is None:
+    pytest.skip("no Chromium on the PATH (Debian: apt-get install chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install -e '.[docs]')")
+
+
+@pytest.fixture(scope="module")
+def server():
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(SITE))
+    handler.log_message = lambda *a: None
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def page(server):
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.errors = errors
+        yield page
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    out = os.environ.get("RIGIDJAX_DOCS_SCREENSHOTS")
+    path = Path(out) if out else tmp_path_factory.mktemp("screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _images(page, selector="img"):
+    """(src, natural width, natural height) of every image matching ``selector``, once loaded."""
+    page.wait_for_load_state("load")
+    return page.eval_on_selector_all(
+        selector, "els => els.map(e => [e.getAttribute('src'), e.naturalWidth, e.naturalHeight])"
+    )
+
+
+def _equations(page, timeout_ms=20000):
+    """Typeset equations (MathJax's CHTML containers) and any MathJax error on the page."""
+    page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=timeout_ms)
+    page.evaluate("() => MathJax.startup.promise")
+    page.wait_for_selector("mjx-container", timeout=timeout_ms)
+    boxes = page.eval_on_selector_all(
+        "mjx-container", "els => els.map(e => { const r = e.getBoundingClientRect(); return [r.width, r.height]; })"
+    )
+    errors = page.eval_on_selector_all("mjx-merror, .MathJax_Error", "els => els.map(e => e.textContent)")
+    return boxes, errors
+
+
+def test_home_page_shows_its_figure(page, server, shots):
+    page.goto(f"{server}/")
+    images = [i for i in _images(page) if i[0] and "home-figure" in i[0]]
+    page.screenshot(path=str(shots / "home.png"), full_page=False)
+    assert images, "the home page has no <img> of its figure"
+    src, w, h = images[0]
+    assert w > 200 and h > 100, f"the home figure did not load as a drawn figure: {w}x{h} px ({src})"
+    assert "rigidjax" in page.title()
+    assert not page.errors, page.errors
+
+
+def test_stepper_page_typesets_its_equations(page, server, shots):
+    page.goto(f"{server}/steppers/midpoint/")
+    boxes, errors = _equations(page)
+    page.screenshot(path=str(shots / "midpoint.png"), full_page=False)
+    assert not errors, f"MathJax errors: {errors}"
+    display = [b for b in boxes if b[0] > 200 and b[1] > 30]
+    assert len(display) >= 2, f"expected the step's display equations typeset; boxes {boxes[:6]}"
+    assert page.locator("mjx-container").first.is_visible()
+    assert not page.errors, page.errors
+
+
+def test_api_page_typesets_docstring_math(page, server):
+    page.goto(f"{server}/api/midpoint/")
+    boxes, errors = _equations(page)
+    assert not errors, f"MathJax errors: {errors}"
+    assert any(w > 200 for w, _ in boxes), "the package docstring's .. math:: block was not typeset"
+    # the Sphinx roles of the docstrings became links to their entries
+    assert page.locator("a.autorefs-internal").count() > 10
+
+
+def test_notebook_page_shows_its_figures(page, server, shots):
+    page.goto(f"{server}/notebooks/01_quickstart/")
+    drawn = [i for i in _images(page) if i[1] > 200 and i[2] > 100]
+    page.screenshot(path=str(shots / "notebook01.png"), full_page=False)
+    assert len(drawn) >= 2, f"notebook 01's page shows {len(drawn)} figures"
