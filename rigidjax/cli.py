@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from . import cli_fit
-from .scenarios import STEPPERS, racquet_flip
+from .reference import torque_free_omega
+from .scenarios import RACQUET_INERTIA, RACQUET_OMEGA0, STEPPERS, check_body, racquet_flip
 
 __all__ = ["main", "build_parser"]
 
@@ -40,18 +41,33 @@ def _cmd_simulate(args) -> int:
             f"--t-end / --dt asks for {n} steps (more than {MAX_STEPS}); choose a larger --dt or a shorter --t-end"
         )
     t_end = n * args.dt  # a whole number of steps, reaching at least --t-end
-    t, cols, summary = racquet_flip(args.stepper, args.dt, t_end)
+    try:
+        inertia, omega0 = check_body(_triple(args.inertia, "--inertia"), _triple(args.omega0, "--omega0"))
+    except ValueError as e:
+        return _fail(str(e))
+    t, cols, summary = racquet_flip(args.stepper, args.dt, t_end, inertia=inertia, omega0=omega0)
+    w = np.stack([cols["wx"], cols["wy"], cols["wz"]], -1)
+    try:  # the exact solution (Jacobi elliptic functions), the stepper's yardstick
+        exact = torque_free_omega(inertia, omega0, t)
+        if not np.all(np.isfinite(exact)):
+            raise ValueError("not finite")
+        summary["max_rate_error_vs_exact"] = float(np.abs(w - exact).max())
+    except (ValueError, ZeroDivisionError, FloatingPointError) as e:
+        exact = None
+        print(f"  (no exact solution drawn: {e}; e.g. a spin on the separatrix)")
     import pandas as pd
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(cols).to_csv(out, index=False, float_format="%.10g")
+    what = "tennis-racket flip" if (tuple(inertia), tuple(omega0)) == (RACQUET_INERTIA, RACQUET_OMEGA0) else "free spin"
     print(
-        f"rigidjax simulate --stepper {args.stepper}: tennis-racket flip, I = diag(1, 2, 3) kg m^2, "
-        f"omega0 = (0.01, 2, 0) rad/s, dt = {args.dt} s, t_end = {t_end:g} s"
+        f"rigidjax simulate --stepper {args.stepper}: {what}, I = diag({', '.join(f'{v:g}' for v in inertia)}) kg m^2, "
+        f"omega0 = ({', '.join(f'{v:g}' for v in omega0)}) rad/s, dt = {args.dt} s, t_end = {t_end:g} s"
     )
     print("  (drifts: max relative deviation of kinetic energy and of the world angular momentum vector;")
-    print("   constraint violation: max | |q| - 1 |; rotation per step: max |omega| dt in rad)")
+    print("   constraint violation: max | |q| - 1 |; rotation per step: max |omega| dt in rad;")
+    print("   rate error: max |omega - exact| over the components, rad/s, against rigidjax.reference)")
     for k, v in summary.items():
         print(f"  {k:32s} {v:.6g}" if isinstance(v, float) else f"  {k:32s} {v}")
     print(f"  trajectory ({len(t)} rows) -> {out}")
@@ -64,16 +80,29 @@ def _cmd_simulate(args) -> int:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(8, 4))
-        for k in ("wx", "wy", "wz"):
-            ax.plot(t, cols[k], label=k)
+        for i, k in enumerate(("wx", "wy", "wz")):
+            ax.plot(t, cols[k], color=f"C{i}", label=f"{k} ({args.stepper})")
+            if exact is not None:
+                ax.plot(t, exact[:, i], "--", color="k", lw=0.9, label="exact (Jacobi elliptic)" if i == 0 else None)
         ax.set_xlabel("t (s)")
         ax.set_ylabel("body angular velocity (rad/s)")
-        ax.set_title(f"tennis-racket flip ({args.stepper} step, dt = {args.dt} s)")
+        ax.set_title(f"{what} ({args.stepper} step, dt = {args.dt} s)")
         ax.legend()
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
         print(f"  plot -> {args.plot}")
     return 0
+
+
+def _triple(text, opt: str):
+    """``"1,2,3"`` -> three floats (``ValueError`` naming the option otherwise)."""
+    try:
+        v = [float(x) for x in str(text).split(",")]
+    except ValueError:
+        raise ValueError(f"{opt}: expected three comma-separated numbers, e.g. 1,2,3; got {text!r}") from None
+    if len(v) != 3:
+        raise ValueError(f"{opt}: expected three comma-separated numbers, e.g. 1,2,3; got {text!r}")
+    return v
 
 
 def _fail(msg: str) -> int:
@@ -107,7 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"rigidjax {version()}")
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("simulate", help="simulate a built-in scenario (default: a tennis-racket flip) and write CSV")
+    s = sub.add_parser(
+        "simulate",
+        help="simulate a torque-free spin (default: a tennis-racket flip), write CSV, compare with the exact solution",
+    )
     s.add_argument(
         "--stepper",
         choices=STEPPERS,
@@ -117,11 +149,23 @@ def build_parser() -> argparse.ArgumentParser:
             "vi (variational midpoint, seed 001)"
         ),
     )
+    s.add_argument(
+        "--inertia",
+        default=",".join(f"{v:g}" for v in RACQUET_INERTIA),
+        metavar="I1,I2,I3",
+        help="principal moments along the body axes, kg m^2 (default 1,2,3)",
+    )
+    s.add_argument(
+        "--omega0",
+        default=",".join(f"{v:g}" for v in RACQUET_OMEGA0),
+        metavar="WX,WY,WZ",
+        help="initial body angular velocity, rad/s (default 0.01,2,0: about the intermediate axis)",
+    )
     s.add_argument("--dt", type=float, default=0.01, help="time step, s (default 0.01)")
     s.add_argument("--t-end", type=float, default=10.0, help="duration, s (default 10)")
     s.add_argument("--out", default="trajectory.csv", help="CSV output (default trajectory.csv)")
     s.add_argument("--json", default=None, help="write the summary as JSON")
-    s.add_argument("--plot", default=None, help="write a PNG of omega(t)")
+    s.add_argument("--plot", default=None, help="write a PNG of omega(t), the exact solution dashed beside it")
     cli_fit.add_cache_option(s)
     s.set_defaults(func=_cmd_simulate)
     cli_fit.add_parsers(sub)

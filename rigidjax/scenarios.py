@@ -21,7 +21,7 @@ from .info import check
 from .midpoint import midpoint_step
 from .rollout import rollout
 
-__all__ = ["RACQUET_INERTIA", "RACQUET_OMEGA0", "STEPPERS", "racquet_flip", "summarize"]
+__all__ = ["RACQUET_INERTIA", "RACQUET_OMEGA0", "STEPPERS", "check_body", "racquet_flip", "summarize"]
 
 #: principal moments, kg m^2 (body frame), and the initial body rate, rad/s
 RACQUET_INERTIA = (1.0, 2.0, 3.0)
@@ -34,10 +34,10 @@ STEPPERS = ("midpoint", "ep", "vi")
 _DEFAULT_OPTIONS = {"midpoint": {"attitude": "midpoint"}, "ep": {"max_rotation": np.inf}, "vi": {}}
 
 
-def _racquet_rollout(stepper: str, dt: float, n: int, options: dict):
+def _racquet_rollout(stepper: str, dt: float, n: int, options: dict, inertia=RACQUET_INERTIA, omega0=RACQUET_OMEGA0):
     """``(body states (RigidBodyState, leading time axis), info)`` of the flip."""
-    body = RigidBody(1.0, jnp.diag(jnp.asarray(RACQUET_INERTIA)))
-    s0 = RigidBodyState(angular_velocity=jnp.asarray(RACQUET_OMEGA0))
+    body = RigidBody(1.0, jnp.diag(jnp.asarray(inertia, float)))
+    s0 = RigidBodyState(angular_velocity=jnp.asarray(omega0, float))
     options = {**_DEFAULT_OPTIONS[stepper], **options}
     if stepper == "midpoint":
         traj = jax.jit(lambda m, s: rollout(functools.partial(midpoint_step, **options), m, s, dt, n))(body, s0)
@@ -63,8 +63,9 @@ def _racquet_rollout(stepper: str, dt: float, n: int, options: dict):
     raise ValueError(f"stepper must be one of {STEPPERS}; got {stepper!r}")
 
 
-def summarize(columns: dict, dt: float, info=None) -> dict:
-    """The flip's summary from its columns (and the rollout's step info, when given).
+def summarize(columns: dict, dt: float, info=None, inertia=RACQUET_INERTIA) -> dict:
+    """The flip's summary from its columns (and the rollout's step info, when given);
+    ``inertia``: the body's principal moments (3,), kg m^2.
 
     Keys: ``steps``; ``energy_drift`` (max relative deviation of the kinetic energy);
     ``angular_momentum_drift`` (max deviation of the WORLD angular momentum vector relative to
@@ -72,7 +73,7 @@ def summarize(columns: dict, dt: float, info=None) -> dict:
     ``max_rotation_per_step`` (max ``|omega| dt``, rad); with ``info``:
     ``mean_newton_iterations``, ``max_newton_iterations``, ``failed_steps``.
     """
-    inertia = np.asarray(RACQUET_INERTIA)
+    inertia = np.asarray(inertia, float)
     w = np.stack([columns["wx"], columns["wy"], columns["wz"]], -1)
     q = np.stack([columns["qw"], columns["qx"], columns["qy"], columns["qz"]], -1)
     E = 0.5 * np.sum(inertia * w * w, -1)
@@ -96,14 +97,17 @@ def summarize(columns: dict, dt: float, info=None) -> dict:
     return summary
 
 
-def racquet_flip(stepper: str, dt: float, t_end: float, **options):
-    """Run the tennis-racket flip with one stepper and summarise it.
+def racquet_flip(stepper: str, dt: float, t_end: float, *, inertia=RACQUET_INERTIA, omega0=RACQUET_OMEGA0, **options):
+    """Run the tennis-racket flip (or another torque-free spin) with one stepper and summarise it.
 
     Args:
         stepper: ``"midpoint"`` (seed 000, ``attitude="midpoint"``), ``"ep"`` (Euler
             parameters, generalized-alpha, seed 002, no rotation flag) or ``"vi"``
             (variational midpoint, seed 001).
         dt: step, s (> 0); t_end: final time, s (>= dt). ``n = round(t_end / dt)`` steps.
+        inertia: principal moments ``(3,)`` along the body axes, kg m^2 (default
+            :data:`RACQUET_INERTIA`): positive, each at most the sum of the other two.
+        omega0: initial body angular velocity ``(3,)``, rad/s (default :data:`RACQUET_OMEGA0`).
         options: the stepper's own options (e.g. ``scheme=generalized_alpha(0.8)``).
 
     Returns:
@@ -112,7 +116,8 @@ def racquet_flip(stepper: str, dt: float, t_end: float, **options):
         arrays ``(n+1,)``; ``summary`` as :func:`summarize` with the step info.
 
     Raises:
-        ValueError: an unknown ``stepper``; ``dt <= 0``, ``t_end < dt`` or non-finite values.
+        ValueError: an unknown ``stepper``; ``dt <= 0``, ``t_end < dt`` or non-finite values;
+            an ``inertia`` or ``omega0`` that is not 3 finite numbers, or non-physical moments.
         rigidjax.StepFailure: a step failed.
     """
     dt, t_end = float(dt), float(t_end)
@@ -122,12 +127,32 @@ def racquet_flip(stepper: str, dt: float, t_end: float, **options):
         raise ValueError(f"t_end must be >= dt; got t_end={t_end}, dt={dt}")
     if stepper not in STEPPERS:
         raise ValueError(f"stepper must be one of {STEPPERS}; got {stepper!r}")
+    inertia, omega0 = check_body(inertia, omega0)
     n = int(round(t_end / dt))
-    states, info = _racquet_rollout(stepper, dt, n, options)
+    states, info = _racquet_rollout(stepper, dt, n, options, tuple(inertia), tuple(omega0))
     check(info)
     pos, q, w = (np.asarray(a) for a in (states.position, states.orientation, states.angular_velocity))
     columns = {"t": np.asarray(states.time)}
     columns.update({k: pos[:, i] for i, k in enumerate("xyz")})
     columns.update({k: q[:, i] for i, k in enumerate(("qw", "qx", "qy", "qz"))})
     columns.update({k: w[:, i] for i, k in enumerate(("wx", "wy", "wz"))})
-    return columns["t"], columns, summarize(columns, dt, info)
+    return columns["t"], columns, summarize(columns, dt, info, inertia)
+
+
+def check_body(inertia, omega0) -> tuple[np.ndarray, np.ndarray]:
+    """``(inertia (3,), omega0 (3,))`` as float arrays; ``ValueError`` naming the problem for
+    anything but 3 finite numbers each, a moment <= 0, or one above the sum of the other two."""
+    out = []
+    for name, v, unit in (("inertia", inertia, "kg m^2"), ("omega0", omega0, "rad/s")):
+        a = np.asarray(v, float).ravel() if np.ndim(v) else np.array([v], float)
+        if a.shape != (3,) or not np.all(np.isfinite(a)):
+            raise ValueError(f"{name} must be 3 finite numbers ({unit}); got {v!r}")
+        out.append(a)
+    m = out[0]
+    if np.any(m <= 0):
+        raise ValueError(f"inertia: principal moments must be > 0 kg m^2; got {m.tolist()}")
+    if np.any(m > m.sum() - m + 1e-12 * m.sum()):
+        raise ValueError(
+            f"inertia {m.tolist()}: a moment exceeds the sum of the other two (triangle inequality): no body has it"
+        )
+    return out[0], out[1]
