@@ -32,7 +32,16 @@ import numpy as np
 
 from .identify import FitStatus, InertiaFit
 
-__all__ = ["ESTIMATE_NAMES", "parse_reference", "figures", "report_html", "write_report", "ReportError"]
+__all__ = [
+    "ESTIMATE_NAMES",
+    "ReportError",
+    "parse_reference",
+    "estimates_figure",
+    "window_figure",
+    "figures",
+    "report_html",
+    "write_report",
+]
 
 _NUM = r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
 _REF = re.compile(rf"^\s*([^=\s]+)\s*=\s*({_NUM})\s*(?:(?:\+-|±|\+/-)\s*({_NUM}))?\s*$")
