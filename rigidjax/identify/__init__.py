@@ -12,7 +12,8 @@ r"""Identification from measured motion: inertia from free flights, a pendulum's
   states; see :mod:`rigidjax.identify.problem`. The observations (gyroscope
   :class:`~rigidjax.identify.observations.AngularVelocity`, accelerometer
   :class:`~rigidjax.identify.observations.SpecificForce`, ``Orientation``, ``Position``,
-  ``Signal``) are in :mod:`rigidjax.identify.observations`.
+  ``Signal``) are in :mod:`rigidjax.identify.observations`. :func:`fit_many` fits many
+  independent problems of one structure (e.g. one per window) in one compiled program.
 * :class:`FitStatus`: one status vocabulary for every fit.
 """
 
@@ -23,7 +24,8 @@ from ._model import simulate_omega
 from ._result import EXIT_CODES, FitStatus, InertiaFit, exit_code
 from .pendulum import PendulumFit, fit_pendulum, fit_pendulum_segments
 from . import observations, recipes, transforms
-from .problem import FreeBodyInitial, InitialState, MeasuredSegment, Parameter, Problem, ProblemFit, fit
+from ._problem_fit import fit, fit_many
+from .problem import FreeBodyInitial, InitialState, MeasuredSegment, Parameter, Problem, ProblemFit
 
 __all__ = [
     "fit_inertia",
@@ -39,6 +41,7 @@ __all__ = [
     "fit_pendulum_segments",
     "PendulumFit",
     "fit",
+    "fit_many",
     "Problem",
     "ProblemFit",
     "Parameter",

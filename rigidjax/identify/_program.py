@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
+import types
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..info import Status
 from ..rollout import rollout
@@ -35,6 +38,22 @@ class _Stacked:
     def arrays(self):
         """The arrays the compiled program takes."""
         return (self.t, self.dt, self.data, self.weights, self.state0, self.inputs, self.steps)
+
+
+def _common_length(problems, pad_to: int | None) -> int:
+    """The padded length of every segment of ``problems``: the longest, or ``pad_to``."""
+    longest = max(len(np.asarray(s.t)) for p in problems for s in p.segments)
+    if pad_to is not None and pad_to < longest:
+        raise ValueError(f"fit: pad_to={pad_to} is shorter than the longest segment ({longest} samples)")
+    return longest if pad_to is None else int(pad_to)
+
+
+def _stack_many(problems, dtype, N: int):
+    """``(stacked per problem, arrays)``: each problem's :class:`_Stacked` at length ``N``, and
+    their :meth:`_Stacked.arrays` stacked along a new leading axis (one row per problem)."""
+    stacked = [_stack_segments(p, dtype, N) for p in problems]
+    arrays = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *[s.arrays() for s in stacked])
+    return stacked, arrays
 
 
 def _stack_segments(problem, dtype, pad_to: int | None = None) -> _Stacked:
@@ -123,30 +142,51 @@ def _frozen(a):
     return a
 
 
+def _freeze(obj, depth: int = 0):
+    """A hashable stand-in of a problem's part that compares by what it computes: a Python
+    function by its code and the frozen values it closes over (two lambdas written at one
+    place, e.g. in a loop building one problem per window, are the same; a different
+    captured value makes them differ), a dataclass (observations, ``InitialState``, stepper
+    modules) by its type and frozen fields, an array by :func:`_frozen`, containers item by
+    item. Anything else stands for itself (its own ``==`` and hash)."""
+    if depth > 8:
+        return obj
+    if isinstance(obj, (np.ndarray, jax.Array)):
+        return _frozen(obj)
+    if isinstance(obj, types.FunctionType):
+        cells = tuple(_freeze(c.cell_contents, depth + 1) for c in obj.__closure__ or ())
+        return ("function", obj.__code__, cells, _freeze(obj.__defaults__, depth + 1))
+    if isinstance(obj, functools.partial):
+        return ("partial", _freeze(obj.func, depth + 1), _freeze(obj.args, depth + 1), _freeze(obj.keywords, depth + 1))
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        fields = tuple(_freeze(getattr(obj, f.name), depth + 1) for f in dataclasses.fields(obj))
+        return ("dataclass", type(obj), fields)
+    if isinstance(obj, (tuple, list)):
+        return (type(obj).__name__,) + tuple(_freeze(a, depth + 1) for a in obj)
+    if isinstance(obj, dict):
+        return ("dict",) + tuple((k, _freeze(v, depth + 1)) for k, v in obj.items())
+    return obj
+
+
 def _shapes(like):
     """The structure and leaf shapes of a start value (all a transform's ``like`` conveys)."""
     leaves, treedef = jax.tree_util.tree_flatten(like)
     return treedef, tuple(np.shape(a) for a in leaves)
 
 
-def _program(problem, layout, dtype, jacobian: bool = True):
-    """``jac_all(arrays, X) -> (r, status, J)`` per row of ``X`` (``jacobian=False``: ``(r,
-    status)``), jitted; shared by every
-    problem of the same structure (model values, stepper, parameters with the shapes of their
-    start values, observations, initial state, signals, substeps, segment count: equal or the
-    same objects), whose data enter as arguments: one compilation per structure and padded
-    length. The start values enter the program only through their shapes (a transform's
-    ``like``)."""
+def _structure(problem, layout, dtype, jacobian: bool = True):
+    """The key of ``problem``'s compiled program (see :func:`_program`): its parts by what
+    they compute (:func:`_freeze`); ``None`` where a part is unhashable."""
     leaves, treedef = jax.tree_util.tree_flatten(problem.model)
     key = (
         treedef,
         tuple(_frozen(a) for a in leaves),
-        tuple((name, p.where, p.transform, p.into) for name, p in problem.parameters.items()),
-        tuple((kind, name, tr, _shapes(like), off, n) for kind, name, tr, like, off, n in layout.slots),
-        tuple(problem.observations),
-        problem.initial,
-        problem.stepper,
-        problem.signals,
+        tuple((name, _freeze((p.where, p.transform, p.into))) for name, p in problem.parameters.items()),
+        tuple((kind, name, _freeze(tr), _shapes(like), off, n) for kind, name, tr, like, off, n in layout.slots),
+        _freeze(tuple(problem.observations)),
+        _freeze(problem.initial),
+        _freeze(problem.stepper),
+        _freeze(problem.signals),
         problem.substeps,
         layout.S,
         jnp.dtype(dtype).name,
@@ -155,23 +195,41 @@ def _program(problem, layout, dtype, jacobian: bool = True):
     try:
         hash(key)
     except TypeError:  # an unhashable part: a program for this problem alone
-        key = None
+        return None
+    return key
+
+
+def _program(problem, layout, dtype, jacobian: bool = True):
+    """``jac_all(arrays, X, which) -> (r, status, J)`` per row of ``X`` (``jacobian=False``:
+    ``(r, status)``), jitted: row ``i`` evaluates the problem whose data are row ``which[i]``
+    of ``arrays`` (:func:`_stack_many`). Shared by every problem of the same structure (model
+    values, stepper, parameters with the shapes of their start values, observations, initial
+    state, signals, substeps, segment count: equal or the same objects), whose data enter as
+    arguments: one compilation per structure, padded length, problem count and row count.
+    The start values enter the program only through their shapes (a transform's ``like``).
+    Its outputs are replicated on every device (see :func:`_devices`)."""
+    key = _structure(problem, layout, dtype, jacobian)
     if key is not None and key in _PROGRAMS:
         _PROGRAMS.move_to_end(key)
         return _PROGRAMS[key]
     residuals = _residual_fn(problem, layout)
+    mesh = _devices()
 
-    @jax.jit
-    def jac_all(arrays, X):
-        def one(x):
-            r, status = residuals(arrays, x)
+    def jac_all(arrays, X, which):
+        def one(x, i):
+            mine = jax.tree_util.tree_map(lambda a: a[i], arrays)
+            r, status = residuals(mine, x)
             if not jacobian:
                 return r.reshape(-1), status
-            J = jax.jacfwd(lambda y: residuals(arrays, y)[0].reshape(-1))(x)
+            J = jax.jacfwd(lambda y: residuals(mine, y)[0].reshape(-1))(x)
             return r.reshape(-1), status, J
 
-        return jax.vmap(one)(X)
+        return jax.vmap(one)(X, which)
 
+    if mesh is None:
+        jac_all = jax.jit(jac_all)
+    else:  # rows split over the devices; every process receives every row's result
+        jac_all = jax.jit(jac_all, out_shardings=NamedSharding(mesh, PartitionSpec()))
     if key is not None:
         _PROGRAMS[key] = jac_all
         while len(_PROGRAMS) > _PROGRAMS_KEPT:
@@ -179,25 +237,80 @@ def _program(problem, layout, dtype, jacobian: bool = True):
     return jac_all
 
 
-def _evaluator(problem, layout, dtype, pad_to, batch: int):
-    """``(stacked, run, evaluate)``: the padded segments; ``run(X) -> (r, status, J)`` of up
-    to ``batch`` points (padded to ``batch`` rows: one compiled program whatever the number of
-    starts still running); ``evaluate`` as :func:`rigidjax.identify._lm.solve` calls it."""
-    stacked = _stack_segments(problem, dtype, pad_to)
-    jac_all = _program(problem, layout, dtype)
-    arrays = stacked.arrays()
+def _devices():
+    """The mesh the fits' rows are split over: every device of every process
+    (``jax.devices()``, e.g. host devices from ``--xla_force_host_platform_device_count``,
+    GPUs, or the processes joined by :func:`rigidjax.launch.initialize`), one axis ``rows``;
+    ``None`` with a single device (no sharding). The optimiser runs on the host, the same in
+    every process: each evaluation splits the rows (starts x problems, padded to a multiple
+    of the device count), each device rolls out its share, and the residuals and Jacobians
+    are gathered to every process."""
+    devices = jax.devices()
+    return None if len(devices) == 1 else Mesh(np.array(devices), ("rows",))
 
-    def run(X):
+
+def _put(a, mesh, rows: bool):
+    """``a`` (NumPy or JAX; the same in every process) as a global array on ``mesh``: split
+    along its first axis (``rows``) or replicated."""
+    a = np.asarray(a)
+    sharding = NamedSharding(mesh, PartitionSpec("rows") if rows else PartitionSpec())
+    return jax.make_array_from_callback(a.shape, sharding, lambda index: a[index])
+
+
+def _evaluator(problems, layout, dtype, N: int, starts: int):
+    """``(stacked, run, evaluate, run_one)`` of ``problems`` (one structure, see
+    :func:`_program`; ``layout`` of the first), padded to ``N`` samples: ``stacked`` per
+    problem; ``run(X, which) -> (r, status, J)`` of points ``X`` of problems ``which``
+    (padded to ``len(problems) * starts`` rows: one compiled program whatever the number of
+    starts still running); ``evaluate(X, rows)`` as :func:`rigidjax.identify._lm.solve` calls
+    it (row ``i`` of the batch is problem ``i // starts``); ``run_one(w)(X)``: ``run`` of
+    problem ``w`` alone, padded to ``starts`` rows (one more compilation where there are
+    several problems)."""
+    stacked, arrays = _stack_many(problems, dtype, N)
+    jac_all = _program(problems[0], layout, dtype)
+    batch = len(problems) * starts
+    call = _caller(jac_all, arrays, dtype)
+
+    def padded_run(X, which, rows):
         na = len(X)
-        padded = np.concatenate([X, np.repeat(X[:1], batch - na, 0)]) if na < batch else X
-        r, status, J = jac_all(arrays, jnp.asarray(padded, dtype))
+        if na < rows:
+            X = np.concatenate([X, np.repeat(X[:1], rows - na, 0)])
+            which = np.concatenate([which, np.repeat(which[:1], rows - na)])
+        r, status, J = call(X, which)
         return np.asarray(r, float)[:na], np.asarray(status)[:na], np.asarray(J, float)[:na]
 
+    def run(X, which):
+        return padded_run(X, np.asarray(which), batch)
+
+    def run_one(w):
+        return lambda X: padded_run(X, np.full(len(X), w), min(starts, batch))
+
     def evaluate(X, rows):
-        r, status, J = run(X)
+        r, status, J = run(X, np.asarray(rows) // starts)
         ok = np.all(status == Status.SUCCESS, axis=1) & np.all(np.isfinite(J), axis=(1, 2)) & np.all(np.isfinite(r), 1)
         r0, J0 = np.where(ok[:, None], r, 0), np.where(ok[:, None, None], J, 0)
         cost = np.where(ok, 0.5 * np.sum(r0 * r0, 1), np.inf)
         return cost, np.einsum("ami,amj->aij", J0, J0), np.einsum("ami,am->ai", J0, r0), ok, np.zeros((len(X), 1))
 
-    return stacked, run, evaluate
+    return stacked, run, evaluate, run_one
+
+
+def _caller(program, arrays, dtype):
+    """``call(X, which)``: ``program(arrays, X, which)`` on the devices of :func:`_devices`
+    (rows padded to a multiple of their count and split; the data replicated once)."""
+    mesh = _devices()
+    if mesh is None:
+        return lambda X, which: program(arrays, jnp.asarray(X, dtype), jnp.asarray(which))
+    n_dev = mesh.size
+    arrays = jax.tree_util.tree_map(lambda a: _put(a, mesh, rows=False), arrays)
+
+    def call(X, which):
+        na = len(X)
+        extra = -na % n_dev
+        if extra:
+            X = np.concatenate([X, np.repeat(X[:1], extra, 0)])
+            which = np.concatenate([which, np.repeat(which[:1], extra)])
+        out = program(arrays, _put(np.asarray(X, dtype), mesh, True), _put(np.asarray(which), mesh, True))
+        return jax.tree_util.tree_map(lambda a: np.asarray(a.addressable_data(0))[:na], out)
+
+    return call

@@ -34,7 +34,7 @@ import numpy as np
 from ..info import Status
 from . import _lm
 from ._problem_result import flat_values, result
-from ._program import _evaluator, _program, _stack_segments
+from ._program import _caller, _evaluator, _program, _stack_many
 from ._result import FitStatus
 
 #: A step-error shift of any fitted value above this many standard errors makes :func:`fit`
@@ -74,19 +74,20 @@ def shift(r_k: np.ndarray, r_2k: np.ndarray, J: np.ndarray, x: np.ndarray, value
     return np.where(ok, dv / np.where(ok, se, 1.0), 0.0)
 
 
-def _step_shift(problem, layout, out, run, x, dtype, pad_to) -> np.ndarray:
-    """:func:`rigidjax.identify.shift` of every fitted value at ``x``."""
+def _step_shift(problem, layout, out, run, x, dtype, N) -> np.ndarray:
+    """:func:`rigidjax.identify.shift` of every fitted value at ``x`` (segments padded to ``N``)."""
     r_k, _, J = run(x[None])
     finer = dataclasses.replace(problem, substeps=2 * problem.substeps)
-    arrays = _stack_segments(finer, dtype, pad_to).arrays()
-    r_2k, status = _program(finer, layout, dtype, jacobian=False)(arrays, jnp.asarray(x, dtype)[None])
+    _, arrays = _stack_many([finer], dtype, N)
+    call = _caller(_program(finer, layout, dtype, jacobian=False), arrays, dtype)
+    r_2k, status = call(np.asarray(x)[None], np.zeros(1, int))
     if np.any(np.asarray(status) != Status.SUCCESS):
         return np.full(len(out.names), np.nan)
     se = np.sqrt(np.maximum(np.diag(out.covariance), 0))
     return shift(r_k[0], np.asarray(r_2k[0], float), J[0], x, lambda y: flat_values(layout, jnp.asarray(y, dtype)), se)
 
 
-def refine_steps(problem, layout, out, run, x, g, dtype, pad_to, max_steps, refine):
+def refine_steps(problem, layout, out, run, x, g, dtype, N, max_steps, refine):
     """The step-error check (:mod:`rigidjax.identify._step_error`): while the stepper's error
     moves a value by more than ``STEP_SHIFT_MAX`` standard errors, double ``substeps`` (at most
     ``MAX_DOUBLINGS`` times; none without ``refine``) and refit from the optimum (one start:
@@ -94,7 +95,7 @@ def refine_steps(problem, layout, out, run, x, g, dtype, pad_to, max_steps, refi
     ``substeps`` and ``step_shift``."""
     first, previous, roundoff = out, np.inf, False
     for doubling in range(MAX_DOUBLINGS + 1):
-        shift = _step_shift(problem, layout, out, run, x, dtype, pad_to)
+        shift = _step_shift(problem, layout, out, run, x, dtype, N)
         worst = int(np.nanargmax(shift)) if np.any(np.isfinite(shift)) else 0
         out = dataclasses.replace(out, substeps=problem.substeps, step_shift=shift)
         if not np.all(np.isfinite(shift)):
@@ -122,7 +123,8 @@ def refine_steps(problem, layout, out, run, x, g, dtype, pad_to, max_steps, refi
             )
             break
         problem = dataclasses.replace(problem, substeps=2 * problem.substeps)
-        stacked, run, evaluate = _evaluator(problem, layout, dtype, pad_to, 1)
+        stacked, _, evaluate, run_one = _evaluator([problem], layout, dtype, N, 1)
+        stacked, run = stacked[0], run_one(0)
         lo, hi = layout.lo[None], layout.hi[None]
         st = _lm.solve(evaluate, x[None], np.arange(1), lo, hi, eps=float(jnp.finfo(dtype).eps), max_steps=max_steps)
         finer = None

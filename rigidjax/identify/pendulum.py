@@ -69,7 +69,8 @@ from . import _combine
 from . import observations as obs
 from ._model import noise_and_signal
 from ._result import FitStatus
-from .problem import InitialState, MeasuredSegment, Parameter, Problem, fit
+from ._problem_fit import fit
+from .problem import InitialState, MeasuredSegment, Parameter, Problem
 from .transforms import Positive, Real
 
 __all__ = [

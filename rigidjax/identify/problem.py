@@ -8,7 +8,7 @@ parametrisation from :mod:`rigidjax.identify.transforms`); the observations with
 models (:mod:`rigidjax.identify.observations`); and each segment's initial state, fully or
 partly unknown (:class:`FreeBodyInitial`, or :class:`InitialState` for any state).
 
-:func:`fit` minimises the sum of squared standardised residuals over
+:func:`~rigidjax.identify.fit` minimises the sum of squared standardised residuals over
 
 ``x = [model parameters | sensor parameters | initial-state unknowns of every segment]``
 
@@ -49,7 +49,7 @@ leaves its acceleration-like variable inconsistent): known loads through the
 Euler-parameter step need many substeps, which the check measures.
 
 Segments may have different lengths: each is padded to a common length ``N`` (the longest,
-or :func:`fit`'s ``pad_to``: problems of one structure padded to one length share one
+or :func:`~rigidjax.identify.fit`'s ``pad_to``: problems of one structure padded to one length share one
 compiled program) with samples of zero weight, its times continued at the segment's median
 step and its inputs zero; a padded sample enters no count, sum or statistic below.
 
@@ -84,16 +84,18 @@ import numpy as np
 
 from .. import so3
 from ..body import RigidBodyState
-from ..info import Status
-from ..rollout import rollout
-from . import _lm
-from ._problem_result import ProblemFit, result
-from ._program import _evaluator
-from ._step_error import refine_steps
+from ._problem_result import ProblemFit
 from .observations import rigid_body_signals
 from .transforms import Positive, bounds_of
 
-__all__ = ["MeasuredSegment", "Parameter", "InitialState", "FreeBodyInitial", "Problem", "ProblemFit", "fit"]
+__all__ = [
+    "MeasuredSegment",
+    "Parameter",
+    "InitialState",
+    "FreeBodyInitial",
+    "Problem",
+    "ProblemFit",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -375,163 +377,3 @@ class _Layout:
         for s, seg in enumerate(self.problem.segments):
             x[self.n_global + s * self.nz : self.n_global + (s + 1) * self.nz] = self.problem.initial.guess(seg.state0)
         return x
-
-
-def fit(
-    problem: Problem,
-    *,
-    starts: int = 8,
-    spread: float = 0.5,
-    seed: int = 0,
-    max_steps: int = 100,
-    dtype=jnp.float64,
-    pad_to: int | None = None,
-    step_check: str = "refine",
-) -> ProblemFit:
-    """Fit ``problem`` (see the module for the method, statuses and uncertainties).
-
-    Args:
-        problem: the :class:`Problem`.
-        starts: starts of the optimiser (the given values first, then random ones).
-        spread: the random starts' perturbation of the model parameters' unconstrained
-            coordinates (standard deviation).
-        seed: random starts.
-        max_steps: Levenberg-Marquardt iterations per start.
-        dtype: the evaluation dtype (float64 needs ``jax_enable_x64``).
-        pad_to: the samples every segment is padded to (zero-weight samples, see the module);
-            ``None``: the longest segment's. Problems of one structure (the same model values,
-            stepper, parameters, observations, initial state, signals and segment count)
-            padded to one length, fitted with one ``starts`` and ``dtype``, share one
-            compiled program: give windows of different lengths one ``pad_to``.
-        step_check: the stepper's error at the optimum (:mod:`rigidjax.identify._step_error`:
-            how far it moves each fitted value, in standard errors; the result's ``substeps``
-            and ``step_shift``). ``"refine"``: while a value moves by more than 0.3 standard
-            errors, double ``Problem.substeps`` and refit from the optimum (at most 3 times;
-            then the message says so); ``"report"``: measure and warn in the message, no
-            refit; ``"off"``: neither (``step_shift`` empty). Each check compiles the forward
-            residuals at twice the steps; each refinement the fit's program at the new steps.
-
-    Returns:
-        :class:`ProblemFit`.
-
-    Raises:
-        ValueError: bad options (``pad_to`` below the longest segment); a start that cannot
-            be evaluated (NaN) at the given values.
-    """
-    if not isinstance(starts, (int, np.integer)) or starts < 1:
-        raise ValueError(f"fit: starts must be an integer >= 1; got {starts!r}")
-    if not spread >= 0:
-        raise ValueError(f"fit: spread must be >= 0; got {spread!r}")
-    if not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
-        raise ValueError(f"fit: max_steps must be an integer >= 1; got {max_steps!r}")
-    if step_check not in ("refine", "report", "off"):
-        raise ValueError(f"fit: step_check must be 'refine', 'report' or 'off'; got {step_check!r}")
-    if jnp.dtype(dtype) == jnp.float64 and not jax.config.jax_enable_x64:
-        raise ValueError("fit: dtype float64 needs jax.config.update('jax_enable_x64', True) (or pass float32)")
-    # the model in the evaluation dtype (a float64 model fitted in float32, and vice versa)
-    cast = lambda a: jnp.asarray(a, dtype) if eqx.is_inexact_array(a) else a  # noqa: E731
-    problem = dataclasses.replace(problem, model=jax.tree_util.tree_map(cast, problem.model))
-    if pad_to is not None and not (isinstance(pad_to, (int, np.integer)) and pad_to >= 3):
-        raise ValueError(f"fit: pad_to must be None or an integer >= 3; got {pad_to!r}")
-    layout = _Layout(problem)
-    _check_signals(problem, layout, dtype)
-    stacked, run, evaluate = _evaluator(problem, layout, dtype, pad_to, starts)
-
-    x0 = layout.start()
-    r0, status0, _ = run(x0[None])
-    if np.any(status0 != Status.SUCCESS) or not np.all(np.isfinite(r0)):
-        failed = sorted({Status(int(c)).name for c in status0[0] if c != Status.SUCCESS})
-        hints = {
-            "INVALID_INPUT": "an unphysical start, e.g. moments violating the triangle inequality "
-            "(transforms.PseudoInertia keeps every point physical)",
-            "ROTATION_LIMIT": "the body turns too far per step: raise substeps, or check the units "
-            "(time in ms? rates in deg/s?)",
-        }
-        why = "; ".join(hints.get(f, "a failed step at the start values") for f in failed) or "NaN residuals"
-        raise ValueError(f"fit: the start values cannot be simulated: rollout steps failed with {failed} ({why})")
-    rng = np.random.default_rng(seed)
-    X0 = np.repeat(x0[None], starts, 0)
-    if starts > 1:
-        X0[1:, : layout.n_global] += spread * rng.standard_normal((starts - 1, layout.n_global)) * _model_mask(layout)
-    # the random starts into the transforms' box (the given start is inside: _Layout checks it)
-    lo, hi = np.broadcast_to(layout.lo, X0.shape).copy(), np.broadcast_to(layout.hi, X0.shape).copy()
-    X0 = np.clip(X0, lo, hi)
-    eps = float(jnp.finfo(dtype).eps)
-    st = _lm.solve(evaluate, X0, np.arange(starts), lo, hi, eps=eps, max_steps=max_steps)
-    cost = np.where(st["ok"], st["cost"], np.inf)
-    if not np.any(np.isfinite(cost)):
-        raise ValueError("fit: no start could be evaluated (NaN or a failed step at every start)")
-    b = int(np.argmin(cost))
-    at_best = int(np.sum(cost <= cost[b] * (1 + 1e-6) + 1e-300))
-    x, g = st["x"][b], st["g"][b]
-    out = result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype)
-    if step_check != "off":
-        out, x, g = refine_steps(problem, layout, out, run, x, g, dtype, pad_to, max_steps, step_check == "refine")
-    held = _held(layout, x, g)
-    if held:
-        out = dataclasses.replace(out, message=f"{out.message}; held at a bound: {', '.join(held)}")
-    return out
-
-
-def _check_signals(problem: Problem, layout: _Layout, dtype) -> None:
-    """Trace (without running) the first segment's rollout and signals at the start values:
-    the stepper accepts the state and the known inputs, and the signal map gives every
-    observation's ``signal`` with the measured width. Raises ``ValueError`` naming what
-    does not fit."""
-    seg = problem.segments[0]
-    n_steps = (len(np.asarray(seg.t)) - 1) * problem.substeps
-    x0 = jnp.asarray(layout.start(), dtype)
-    cast = lambda a: jnp.asarray(a, dtype)  # noqa: E731
-    inputs = None
-    if seg.inputs is not None:
-        inputs = jax.tree_util.tree_map(lambda a: jnp.repeat(cast(a), problem.substeps, axis=0), seg.inputs)
-    dts = jnp.full((n_steps,), float(np.median(np.diff(np.asarray(seg.t, float)))) / problem.substeps, dtype)
-
-    def signals(x, state0, u):
-        model = layout.model(x)
-        st0 = problem.initial.build(model, x[layout.n_global : layout.n_global + layout.nz], state0)
-        traj = rollout(problem.stepper, model, st0, dts, n_steps, u)
-        return problem.signals(model, traj.states)
-
-    state0 = jax.tree_util.tree_map(cast, seg.state0)
-    try:
-        shapes = jax.eval_shape(signals, x0, state0, inputs)
-    except Exception as e:  # the user's stepper, state, inputs or signal map: say where it failed
-        what = (
-            ""
-            if seg.inputs is None
-            else f" with inputs of shapes {[np.shape(a) for a in jax.tree_util.tree_leaves(seg.inputs)]}"
-        )
-        raise ValueError(f"fit: segment {seg.name!r} cannot be simulated{what}: {type(e).__name__}: {e}") from None
-    for o in problem.observations:
-        if o.signal not in shapes:
-            raise ValueError(
-                f"fit: {type(o).__name__} reads the signal {o.signal!r}, which the problem's signal map does not "
-                f"give; it gives {sorted(shapes)}"
-            )
-
-
-def _held(layout: _Layout, x, g) -> list[str]:
-    """``"name (Transform coordinate k) = bound (lower|upper)"`` for each coordinate the
-    optimiser holds at a bound at ``x`` (gradient ``g`` pointing out of the box, as
-    :mod:`rigidjax.identify._lm`'s active set): the bound is on the transform's coordinate,
-    not on the value (e.g. ``MomentRatios``' ``u = 1``: the edge ``Iz = Ix + Iy``)."""
-    lo_, hi_ = (x <= layout.lo) & (g > 0), (x >= layout.hi) & (g < 0)
-    out = []
-    for i in np.flatnonzero(lo_ | hi_):
-        for kind, name, tr, _, off, n in layout.slots:
-            if off <= i < off + n:
-                label = name if kind == "model" else f"{kind}.{name}"
-                k = f" {i - off}" if n > 1 else ""
-                out.append(
-                    f"{label} ({type(tr).__name__} coordinate{k}) = {x[i]:.6g} ({'lower' if lo_[i] else 'upper'} bound)"
-                )
-    return out
-
-
-def _model_mask(layout: _Layout) -> np.ndarray:
-    m = np.zeros(layout.n_global)
-    for kind, _, _, _, off, n in layout.slots:
-        if kind == "model":
-            m[off : off + n] = 1
-    return m

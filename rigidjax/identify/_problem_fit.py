@@ -1,0 +1,360 @@
+"""Fitting :class:`~rigidjax.identify.problem.Problem` s: :func:`fit` (one problem) and
+:func:`fit_many` (many independent problems of one structure in one compiled program); the
+checks before compiling, the multi-start search, the result and the step-error check. The
+method, statuses and uncertainties are described in :mod:`rigidjax.identify.problem`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..info import Status
+from ..rollout import rollout
+from . import _lm
+from ._problem_result import ProblemFit, flat_values, result
+from ._program import _common_length, _evaluator, _structure
+from ._result import FitStatus
+from ._step_error import refine_steps
+from .problem import Problem, _Layout
+
+__all__ = ["fit", "fit_many"]
+
+
+def fit(
+    problem: Problem,
+    *,
+    starts: int = 8,
+    spread: float = 0.5,
+    seed: int = 0,
+    max_steps: int = 100,
+    dtype=jnp.float64,
+    pad_to: int | None = None,
+    step_check: str = "refine",
+) -> ProblemFit:
+    """Fit ``problem`` (see the module for the method, statuses and uncertainties).
+
+    Args:
+        problem: the :class:`Problem`.
+        starts: starts of the optimiser (the given values first, then random ones).
+        spread: the random starts' perturbation of the model parameters' unconstrained
+            coordinates (standard deviation).
+        seed: random starts.
+        max_steps: Levenberg-Marquardt iterations per start.
+        dtype: the evaluation dtype (float64 needs ``jax_enable_x64``).
+        pad_to: the samples every segment is padded to (zero-weight samples, see the module);
+            ``None``: the longest segment's. Problems of one structure (the same model values,
+            stepper, parameters, observations, initial state, signals and segment count)
+            padded to one length, fitted with one ``starts`` and ``dtype``, share one
+            compiled program: give windows of different lengths one ``pad_to``.
+        step_check: the stepper's error at the optimum (:mod:`rigidjax.identify._step_error`:
+            how far it moves each fitted value, in standard errors; the result's ``substeps``
+            and ``step_shift``). ``"refine"``: while a value moves by more than 0.3 standard
+            errors, double ``Problem.substeps`` and refit from the optimum (at most 3 times;
+            then the message says so); ``"report"``: measure and warn in the message, no
+            refit; ``"off"``: neither (``step_shift`` empty). Each check compiles the forward
+            residuals at twice the steps; each refinement the fit's program at the new steps.
+
+    Returns:
+        :class:`ProblemFit`.
+
+    Raises:
+        ValueError: bad options (``pad_to`` below the longest segment, ``starts`` or
+            ``max_steps`` below 1); a signal map without an observation's signal; a stepper
+            that does not accept the state or inputs; start values that cannot be simulated
+            (a failed step or NaN at the given values, named).
+    """
+    if not isinstance(problem, Problem):
+        raise TypeError(f"fit: expected an identify.Problem; got {type(problem).__name__} (several: fit_many)")
+    return _fit(
+        [problem], starts, spread, seed, max_steps, dtype, pad_to, step_check, raise_on_failure=True, name="fit"
+    )[0]
+
+
+def fit_many(
+    problems: Sequence[Problem],
+    *,
+    starts: int = 8,
+    spread: float = 0.5,
+    seed: int = 0,
+    max_steps: int = 100,
+    dtype=jnp.float64,
+    pad_to: int | None = None,
+    step_check: str = "refine",
+) -> list[ProblemFit]:
+    """Fit several independent problems of one structure at once (e.g. one per measured
+    window, each with its own values): one compiled program evaluates every start of every
+    problem per optimiser iteration (see :func:`fit` for the options, the same per problem).
+
+    The problems must share everything the program is built from: the model's values, the
+    stepper, the parameters (``where``, transform, ``into``, start shapes), observations,
+    initial state, signal map, ``substeps`` and the number of segments; their data, start
+    values and segment lengths may differ (every segment is padded to the longest of all,
+    or ``pad_to``). Each problem's random starts are drawn from ``seed`` in turn; the result
+    of problem ``i`` equals ``fit(problems[i], ...)`` when both pad to one length and draw the
+    same starts (``fit_many([p])[0] == fit(p)``).
+
+    Returns:
+        ``[ProblemFit]`` in the order of ``problems``. A problem whose start values cannot be
+        simulated, or whose every start fails, gets the status ``nonfinite`` (its values are
+        the start values, with infinite errors) instead of an exception: the others' fits
+        are kept.
+
+    Raises:
+        ValueError: no problems; problems of different structures (naming the first part
+            that differs); the option and structure errors of :func:`fit`.
+    """
+    problems = list(problems)
+    if not problems:
+        raise ValueError("fit_many: no problems")
+    for i, p in enumerate(problems):
+        if not isinstance(p, Problem):
+            raise TypeError(f"fit_many: problems[{i}] is a {type(p).__name__}, not an identify.Problem")
+    return _fit(problems, starts, spread, seed, max_steps, dtype, pad_to, step_check, False, "fit_many")
+
+
+_START_HINTS = {
+    "INVALID_INPUT": "an unphysical start, e.g. moments violating the triangle inequality "
+    "(transforms.PseudoInertia keeps every point physical)",
+    "ROTATION_LIMIT": "the body turns too far per step: raise substeps, or check the units "
+    "(time in ms? rates in deg/s?)",
+}
+
+#: What :func:`_structure` compares, in its key's order (for the message naming a difference).
+_STRUCTURE_PARTS = (
+    "model structure",
+    "model values",
+    "parameters",
+    "parameter and sensor coordinates",
+    "observations",
+    "initial state",
+    "stepper",
+    "signal map",
+    "substeps",
+    "segment count",
+)
+
+
+def _fit(problems, starts, spread, seed, max_steps, dtype, pad_to, step_check, raise_on_failure, name):
+    if not isinstance(starts, (int, np.integer)) or starts < 1:
+        raise ValueError(f"{name}: starts must be an integer >= 1; got {starts!r}")
+    if not spread >= 0:
+        raise ValueError(f"{name}: spread must be >= 0; got {spread!r}")
+    if not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
+        raise ValueError(f"{name}: max_steps must be an integer >= 1; got {max_steps!r}")
+    if step_check not in ("refine", "report", "off"):
+        raise ValueError(f"{name}: step_check must be 'refine', 'report' or 'off'; got {step_check!r}")
+    if jnp.dtype(dtype) == jnp.float64 and not jax.config.jax_enable_x64:
+        raise ValueError(f"{name}: dtype float64 needs jax.config.update('jax_enable_x64', True) (or pass float32)")
+    if pad_to is not None and not (isinstance(pad_to, (int, np.integer)) and pad_to >= 3):
+        raise ValueError(f"{name}: pad_to must be None or an integer >= 3; got {pad_to!r}")
+    # the model in the evaluation dtype (a float64 model fitted in float32, and vice versa)
+    cast = lambda a: jnp.asarray(a, dtype) if eqx.is_inexact_array(a) else a  # noqa: E731
+    problems = [dataclasses.replace(p, model=jax.tree_util.tree_map(cast, p.model)) for p in problems]
+    layouts = [_Layout(p) for p in problems]
+    layout = layouts[0]
+    _check_signals(problems[0], layout, dtype)
+    _check_same_structure(problems, layouts, dtype, name)
+    N = _common_length(problems, pad_to)
+    stacked, run, evaluate, run_one = _evaluator(problems, layout, dtype, N, starts)
+    W = len(problems)
+
+    x0 = np.stack([lay.start() for lay in layouts])
+    r0, status0, _ = run(x0, np.arange(W))
+    failed = {}
+    for w in range(W):
+        if np.any(status0[w] != Status.SUCCESS) or not np.all(np.isfinite(r0[w])):
+            codes = sorted({Status(int(c)).name for c in status0[w] if c != Status.SUCCESS})
+            why = "; ".join(_START_HINTS.get(f, "a failed step at the start values") for f in codes) or "NaN residuals"
+            failed[w] = f"the start values cannot be simulated: rollout steps failed with {codes} ({why})"
+            if raise_on_failure:
+                raise ValueError(f"{name}: {failed[w]}")
+    rng = np.random.default_rng(seed)
+    X0 = np.repeat(x0, starts, 0)
+    lo = np.repeat(np.stack([lay.lo for lay in layouts]), starts, 0)
+    hi = np.repeat(np.stack([lay.hi for lay in layouts]), starts, 0)
+    if starts > 1:
+        mask = _model_mask(layout)
+        for w in range(W):
+            X0[w * starts + 1 : (w + 1) * starts, : layout.n_global] += (
+                spread * rng.standard_normal((starts - 1, layout.n_global)) * mask
+            )
+    # the random starts into the transforms' box (the given start is inside: _Layout checks it)
+    X0 = np.clip(X0, lo, hi)
+    eps = float(jnp.finfo(dtype).eps)
+    st = _lm.solve(evaluate, X0, np.arange(W * starts), lo, hi, eps=eps, max_steps=max_steps)
+    cost = np.where(st["ok"], st["cost"], np.inf).reshape(W, starts)
+    best = np.argmin(np.where(np.isfinite(cost), cost, np.inf), axis=1)
+    rows = np.arange(W) * starts + best
+    # every problem's best point in one evaluation of the fit's own program
+    at_best_eval = run(st["x"][rows], np.arange(W))
+    out = []
+    for w, (problem, lay) in enumerate(zip(problems, layouts)):
+        if w not in failed and not np.any(np.isfinite(cost[w])):
+            failed[w] = "no start could be evaluated (NaN or a failed step at every start)"
+            if raise_on_failure:
+                raise ValueError(f"{name}: {failed[w]}")
+        if w in failed:
+            out.append(_failed(problem, lay, x0[w], starts, failed[w], dtype))
+            continue
+        b, row = int(best[w]), int(rows[w])
+        at_best = int(np.sum(cost[w] <= cost[w, b] * (1 + 1e-6) + 1e-300))
+        x, g = st["x"][row], st["g"][row]
+        one = _remembered(run_one(w), x, tuple(a[w : w + 1] for a in at_best_eval))
+        res = result(problem, lay, stacked[w], one, x, st, row, at_best, starts, dtype)
+        if step_check != "off":
+            res, x, g = refine_steps(problem, lay, res, one, x, g, dtype, N, max_steps, step_check == "refine")
+        held = _held(lay, x, g)
+        if held:
+            res = dataclasses.replace(res, message=f"{res.message}; held at a bound: {', '.join(held)}")
+        out.append(res)
+    return out
+
+
+def _remembered(run, x, value):
+    """``run`` (one problem's ``run_one``, compiled on its first call) that answers ``value``
+    for the point ``x`` alone without evaluating: the result and the step check evaluate at
+    the optimum, which the batched evaluation above already did."""
+
+    def f(X):
+        if len(X) == 1 and np.array_equal(X[0], x):
+            return value
+        return run(X)
+
+    return f
+
+
+def _failed(problem, layout, x0, starts, message, dtype) -> ProblemFit:
+    """The ``nonfinite`` result of a problem that could not be fitted: the start values with
+    infinite errors (:func:`fit_many` keeps the other problems' fits)."""
+    xj = jnp.asarray(x0, dtype)
+    mv, sv = layout.values(xj)
+    values = {k: jax.tree_util.tree_map(np.asarray, v) for k, v in mv.items()}
+    inf = lambda v: jax.tree_util.tree_map(lambda a: np.full(np.shape(a), np.inf), v)  # noqa: E731
+    sensor = [{k: np.asarray(v) for k, v in d.items()} for d in sv]
+    n = int(np.size(np.asarray(flat_values(layout, xj))))
+    return ProblemFit(
+        status=FitStatus.NONFINITE,
+        message=message,
+        values=values,
+        se=inf(values),
+        sensor=sensor,
+        sensor_se=[inf(d) for d in sensor],
+        initial=np.asarray(x0[layout.n_global :]).reshape(layout.S, layout.nz),
+        model=layout.model(xj),
+        cost=float("nan"),
+        rms=[float("nan")] * len(problem.observations),
+        covariance=np.full((n, n), np.inf),
+        names=[],
+        block=1,
+        iterations=0,
+        starts=starts,
+        starts_at_best=0,
+        decrement=float("inf"),
+        x=np.asarray(x0),
+        se_classical=inf(values),
+        substeps=problem.substeps,
+    )
+
+
+def _check_same_structure(problems, layouts, dtype, name) -> None:
+    """Every problem has the first one's compiled-program structure (:func:`_structure`), the
+    same data widths and the same shapes of state and inputs; else ``ValueError`` naming the
+    problem and the part."""
+    if len(problems) == 1:
+        return
+    key0 = _structure(problems[0], layouts[0], dtype)
+    if key0 is None:
+        raise ValueError(
+            f"{name}: the problems' structure is not hashable (a model leaf or an option); fit them one by one"
+        )
+
+    def shapes(p):
+        s = p.segments
+        return (
+            [{k: np.shape(v)[1:] for k, v in seg.data.items()} for seg in s],
+            [jax.tree_util.tree_structure(seg.state0) for seg in s],
+            [[np.shape(a) for a in jax.tree_util.tree_leaves(seg.state0)] for seg in s],
+            [[np.shape(a)[1:] for a in jax.tree_util.tree_leaves(seg.inputs)] for seg in s],
+            [seg.inputs is None for seg in s],
+        )
+
+    shapes0 = shapes(problems[0])
+    for i, (p, lay) in enumerate(zip(problems[1:], layouts[1:]), 1):
+        key = _structure(p, lay, dtype)
+        if key != key0:
+            part = next((what for what, a, b in zip(_STRUCTURE_PARTS, key0, key or ()) if a != b), "its structure")
+            raise ValueError(f"{name}: problems[{i}] differs from problems[0] in its {part}; fit it separately")
+        if shapes(p) != shapes0:
+            raise ValueError(
+                f"{name}: problems[{i}] has data, state or input shapes (beyond the sample axis) other than "
+                "problems[0]'s"
+            )
+
+
+def _check_signals(problem: Problem, layout: _Layout, dtype) -> None:
+    """Trace (without running) the first segment's rollout and signals at the start values:
+    the stepper accepts the state and the known inputs, and the signal map gives every
+    observation's ``signal`` with the measured width. Raises ``ValueError`` naming what
+    does not fit."""
+    seg = problem.segments[0]
+    n_steps = (len(np.asarray(seg.t)) - 1) * problem.substeps
+    x0 = jnp.asarray(layout.start(), dtype)
+    cast = lambda a: jnp.asarray(a, dtype)  # noqa: E731
+    inputs = None
+    if seg.inputs is not None:
+        inputs = jax.tree_util.tree_map(lambda a: jnp.repeat(cast(a), problem.substeps, axis=0), seg.inputs)
+    dts = jnp.full((n_steps,), float(np.median(np.diff(np.asarray(seg.t, float)))) / problem.substeps, dtype)
+
+    def signals(x, state0, u):
+        model = layout.model(x)
+        st0 = problem.initial.build(model, x[layout.n_global : layout.n_global + layout.nz], state0)
+        traj = rollout(problem.stepper, model, st0, dts, n_steps, u)
+        return problem.signals(model, traj.states)
+
+    state0 = jax.tree_util.tree_map(cast, seg.state0)
+    try:
+        shapes = jax.eval_shape(signals, x0, state0, inputs)
+    except Exception as e:  # the user's stepper, state, inputs or signal map: say where it failed
+        what = (
+            ""
+            if seg.inputs is None
+            else f" with inputs of shapes {[np.shape(a) for a in jax.tree_util.tree_leaves(seg.inputs)]}"
+        )
+        raise ValueError(f"fit: segment {seg.name!r} cannot be simulated{what}: {type(e).__name__}: {e}") from None
+    for o in problem.observations:
+        if o.signal not in shapes:
+            raise ValueError(
+                f"fit: {type(o).__name__} reads the signal {o.signal!r}, which the problem's signal map does not "
+                f"give; it gives {sorted(shapes)}"
+            )
+
+
+def _held(layout: _Layout, x, g) -> list[str]:
+    """``"name (Transform coordinate k) = bound (lower|upper)"`` for each coordinate the
+    optimiser holds at a bound at ``x`` (gradient ``g`` pointing out of the box, as
+    :mod:`rigidjax.identify._lm`'s active set): the bound is on the transform's coordinate,
+    not on the value (e.g. ``MomentRatios``' ``u = 1``: the edge ``Iz = Ix + Iy``)."""
+    lo_, hi_ = (x <= layout.lo) & (g > 0), (x >= layout.hi) & (g < 0)
+    out = []
+    for i in np.flatnonzero(lo_ | hi_):
+        for kind, name, tr, _, off, n in layout.slots:
+            if off <= i < off + n:
+                label = name if kind == "model" else f"{kind}.{name}"
+                k = f" {i - off}" if n > 1 else ""
+                out.append(
+                    f"{label} ({type(tr).__name__} coordinate{k}) = {x[i]:.6g} ({'lower' if lo_[i] else 'upper'} bound)"
+                )
+    return out
+
+
+def _model_mask(layout: _Layout) -> np.ndarray:
+    m = np.zeros(layout.n_global)
+    for kind, _, _, _, off, n in layout.slots:
+        if kind == "model":
+            m[off : off + n] = 1
+    return m
