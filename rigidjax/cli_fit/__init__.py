@@ -75,7 +75,8 @@ angular velocity of free flights: least squares between the gyroscope and rollou
 torque-free Euler equations at the measured timestamps, over the physically valid inertias
 (edges included), each window to its least-squares minimum. PATH (one or several): a phyphox
 "Gyroscope rotation rate" export folder or its .zip (any of its CSV dialects; windows from
-meta/segments.csv), a Sensor Logger export folder or .zip (Gyroscope.csv), a folder of many, a
+meta/segments.csv, or without it the free flights detected from the rate and listed with their
+rows: --windows, --segment N), a Sensor Logger export folder or .zip (Gyroscope.csv), a folder of many, a
 CSV (t,wx,wy,wz, or any names with --columns t=Time,wx=gx,wy=gy,wz=gz and --time-unit,
 --rate-unit) or an NPZ (t, omega). Without PATH: a synthetic recording with known truth.
 
@@ -238,7 +239,7 @@ def add_parsers(subparsers) -> None:
     q.add_argument("--plot", default=None, metavar="OUT.png", help="draw measured vs fitted rate for --segment")
     q.add_argument("--segment", type=int, default=0, metavar="N", help="window to plot (row number)")
     q.add_argument("--quiet", action="store_true", help="no progress output")
-    add_input_options(q)
+    add_input_options(q, windows="file")
     add_cache_option(q)
     q.set_defaults(func=run_pendulum)
 

@@ -11,7 +11,7 @@ import time
 import warnings
 from pathlib import Path
 
-from ..io import LENGTH_UNITS, RATE_UNITS, TIME_UNITS, load
+from ..io import LENGTH_UNITS, RATE_UNITS, TIME_UNITS, WINDOWS, describe_windows, load
 
 __all__ = [
     "NO_CACHE_ENV",
@@ -233,8 +233,17 @@ def error(cmd: str, msg: str) -> int:
     return 2
 
 
-def add_input_options(p) -> None:
+def add_input_options(p, windows: str = "auto") -> None:
     g = p.add_argument_group("input (rigidjax.io)")
+    g.add_argument(
+        "--windows",
+        choices=list(WINDOWS),
+        default=windows,
+        help="where the windows come from (app exports): auto = segments.csv, else free flights detected from the "
+        "rate (|d omega/dt| <= |omega|^2/sqrt(3) at a rate well above the hand-held level; rigidjax.io.detect), "
+        "else the whole recording; file = segments.csv or the whole recording; detect = detected even where "
+        f"segments.csv exists (default {windows}). Detected windows are listed with their rows (--segment N)",
+    )
     g.add_argument(
         "--columns",
         default=None,
@@ -255,7 +264,12 @@ def add_input_options(p) -> None:
 
 
 def load_options(args) -> dict:
-    return dict(time_unit=args.time_unit, rate_unit=args.rate_unit, check_units=not args.no_unit_check)
+    return dict(
+        time_unit=args.time_unit,
+        rate_unit=args.rate_unit,
+        check_units=not args.no_unit_check,
+        windows=getattr(args, "windows", "auto"),
+    )
 
 
 def plain_csv(path) -> bool:
@@ -293,7 +307,8 @@ def write_output(cmd, opt, path, write) -> int | None:
 
 def load_paths(cmd, paths, args, progress: Progress | None = None, select=None):
     """Windows of every path in ``paths`` (warnings printed), or an exit code. ``--columns`` and
-    ``--length-unit`` go to the plain CSV files among them."""
+    ``--length-unit`` go to the plain CSV files among them. Detected windows (no segments.csv)
+    are listed on stdout with their rows, as ``--segment`` counts them."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     for path in paths:
         if not Path(path).exists():
@@ -315,4 +330,7 @@ def load_paths(cmd, paths, args, progress: Progress | None = None, select=None):
         segs = [s for s in segs if select.lower() in s.comment.lower()]
         if not segs:
             return error(cmd, f"no window's comment contains {select!r}")
+    listing = describe_windows(segs)
+    if listing:
+        print(listing)
     return segs

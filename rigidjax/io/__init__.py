@@ -6,7 +6,8 @@ angular velocity in the sensor's BODY frame, in s and rad/s. Formats:
 
 - **phyphox** ("Gyroscope rotation rate"; :mod:`rigidjax.io.phyphox`): export folders or the
   app's ``.zip``, in all five CSV dialects it writes (comma / tab / semicolon separators,
-  decimal point or comma), translated column names too; windows from ``meta/segments.csv``.
+  decimal point or comma), translated column names too; windows from ``meta/segments.csv``,
+  or, without it, the free flights detected from the rate (:mod:`rigidjax.io.detect`).
 - **Sensor Logger** (:mod:`rigidjax.io.sensorlogger`): folders or zips with ``Gyroscope.csv``
   (``time`` ns, ``seconds_elapsed``, ``z,y,x`` rad/s); ``Orientation.csv`` quaternions through
   :func:`load_sensor_logger_motion`.
@@ -28,6 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ._base import DataError, Motion, Segment
+from .detect import DETECTED, WINDOWS, Flight, cut_flights, describe_windows, detect_flights
 from .phyphox import PHYPHOX_ABS, PHYPHOX_GYRO, PHYPHOX_TIME, RAW_DATA, has_phyphox, is_phyphox_zip, load_phyphox
 from .sensorlogger import GYROSCOPE, ORIENTATION, is_sensor_logger, load_sensor_logger, load_sensor_logger_motion
 from .table import TARGETS, csv_quantities, load_csv, load_motion_csv, load_npz, parse_columns
@@ -44,6 +46,12 @@ __all__ = [
     "load_csv",
     "load_motion_csv",
     "load_npz",
+    "detect_flights",
+    "cut_flights",
+    "describe_windows",
+    "Flight",
+    "DETECTED",
+    "WINDOWS",
     "parse_columns",
     "csv_quantities",
     "check_plausible",
@@ -73,6 +81,7 @@ def load(
     rate_unit: str | None = None,
     length_unit: str | None = None,
     check_units: bool = True,
+    windows: str = "auto",
 ) -> list[Segment]:
     """Load gyroscope segments from ``path``, dispatching on what it is.
 
@@ -83,12 +92,30 @@ def load(
     ``columns``, ``length_unit``); ``.npz`` -> :func:`load_npz`. ``time_unit``/``rate_unit``
     override the format's units; ``check_units`` runs :func:`rigidjax.io.units.check_plausible`.
 
+    ``windows`` (app exports): ``"auto"`` (default) cuts the windows of ``segments.csv`` or,
+    without it, the free flights detected from the rate (:func:`detect_flights`; comment
+    :data:`DETECTED`, listed by :func:`describe_windows`), else keeps the whole recording
+    (warned); ``"file"``: ``segments.csv`` or the whole recording; ``"detect"``: detected
+    flights even where ``segments.csv`` exists. A plain CSV or NPZ is one window except with
+    ``"detect"``.
+
     Raises:
         DataError: the path does not exist, holds no recording, has an unknown suffix, or is
             malformed; ``columns``/``length_unit`` given for a format that has fixed columns.
     """
-    p = Path(path)
+    if windows not in WINDOWS:
+        raise DataError(f"windows must be one of {WINDOWS}; got {windows!r}")
+    segs = _load(Path(path), keep_only, columns, time_unit, rate_unit, length_unit, check_units, windows)
+    if windows == "detect" and any(s.comment != DETECTED for s in segs):  # plain CSV / NPZ: whole files
+        segs = [w for s in segs for w in (cut_flights(s) if s.comment != DETECTED else [s])]
+        if not segs:
+            raise DataError(f"{path}: no free-flight window detected (rigidjax.io.detect)")
+    return segs
+
+
+def _load(p: Path, keep_only, columns, time_unit, rate_unit, length_unit, check_units, windows) -> list[Segment]:
     units = dict(time_unit=time_unit, rate_unit=rate_unit, check_units=check_units)
+    apps = dict(keep_only=keep_only, windows=windows, **units)
     if not p.exists():
         raise DataError(f"{p}: no such file or folder")
     is_csv = p.is_file() and p.suffix.lower() == ".csv"
@@ -104,9 +131,9 @@ def load(
         phyphox = has_phyphox(p)
         sensor_logger = _has_sensor_logger(p)
         if phyphox:
-            segs += load_phyphox(p, keep_only=keep_only, **units)
+            segs += load_phyphox(p, **apps)
         if sensor_logger:
-            segs += load_sensor_logger(p, keep_only=keep_only, **units)
+            segs += load_sensor_logger(p, **apps)
         if not (phyphox or sensor_logger):
             raise DataError(
                 f"{p}: no recording found: no phyphox export ({RAW_DATA!r} or meta/) and no Sensor Logger "
@@ -116,14 +143,14 @@ def load(
     suffix = p.suffix.lower()
     if suffix == ".zip":
         if is_phyphox_zip(p):
-            return load_phyphox(p, keep_only=keep_only, **units)
+            return load_phyphox(p, **apps)
         if is_sensor_logger(p):
-            return load_sensor_logger(p, keep_only=keep_only, **units)
+            return load_sensor_logger(p, **apps)
         raise DataError(f"{p}: a zip without a phyphox export ({RAW_DATA!r}) or a Sensor Logger one ({GYROSCOPE!r})")
     if p.name == RAW_DATA:
-        return load_phyphox(p, keep_only=keep_only, **units)
+        return load_phyphox(p, **apps)
     if p.name == GYROSCOPE:
-        return load_sensor_logger(p.parent, keep_only=keep_only, **units)
+        return load_sensor_logger(p.parent, **apps)
     if suffix == ".csv":
         return load_csv(p, columns=columns, length_unit=length_unit, **units)
     if suffix == ".npz":

@@ -19,7 +19,11 @@ may be named after the translated set: then the time is the first column whose n
 file the one CSV beside ``meta/``.
 
 ``segments.csv`` lists hand-picked windows in experiment time (s); ``keep`` false drops a
-window, empty ``keep`` keeps it. Without ``segments.csv`` the whole recording is one segment.
+window, empty ``keep`` keeps it. Without ``segments.csv`` (``windows="auto"``, the default) the
+free flights are detected from the rate (:mod:`rigidjax.io.detect`; an ``Accelerometer.csv``
+beside the data, specific force in m/s^2 with gravity, is used too when present); where none is
+found the whole recording is one segment (warned). ``windows="file"``: ``segments.csv`` or the
+whole recording; ``windows="detect"``: detected even where ``segments.csv`` exists.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from ._base import (
     _where,
     _zip_dirs,
 )
+from .detect import WINDOWS, cut_flights
 from .units import check_plausible, unit_factor
 
 __all__ = ["RAW_DATA", "PHYPHOX_TIME", "PHYPHOX_GYRO", "PHYPHOX_ABS", "load_phyphox", "is_phyphox_zip", "has_phyphox"]
@@ -156,7 +161,29 @@ def _cut_windows(t, omega, df, rate_cols, csv, segs_df, seg_file, label, keep_on
     return out
 
 
-def _load_export(files: _Files, label: str, keep_only: bool, time_unit, rate_unit, check_units) -> tuple[list, str]:
+ACCELEROMETER = "Accelerometer.csv"
+
+
+def _accelerometer(files: _Files, time_unit) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(t, f)`` of an ``Accelerometer.csv`` beside the data (time: the first column ending in
+    ``(s)``, else the first; force: the three columns after it), or ``None`` where absent."""
+    if not files.exists(ACCELEROMETER):
+        return None
+    label = files.label(ACCELEROMETER)
+    df = _read_table(None, label=label, data=files.read(ACCELEROMETER))
+    cols = list(df.columns)
+    time = next((c for c in cols if re.search(r"\(s\)$", c)), cols[0])
+    rest = [c for c in cols if c != time][:3]
+    if len(rest) < 3 or len(df) < 2:
+        raise DataError(f"{_where(label, 1)}: expected a time and three acceleration columns; the header has {cols}")
+    t = _numeric_columns(df, label, [time])[:, 0] * unit_factor("time", time_unit)
+    _check_increasing(t, label, time)
+    return t, _numeric_columns(df, label, rest)
+
+
+def _load_export(
+    files: _Files, label: str, keep_only: bool, time_unit, rate_unit, check_units, windows="auto"
+) -> tuple[list, str]:
     """The export's segments and, where there are none, why (for the caller's error)."""
     rel = _data_file(files)
     csv = files.label(rel)
@@ -164,18 +191,29 @@ def _load_export(files: _Files, label: str, keep_only: bool, time_unit, rate_uni
     time_col, rate_cols = _columns(df, csv)
     if len(df) < 2:
         raise DataError(f"{csv}: needs at least 2 samples; got {len(df)}")
-    has_windows = files.exists("meta/segments.csv")
+    has_windows = files.exists("meta/segments.csv") and windows != "detect"
     t = _numeric_columns(df, csv, [time_col])[:, 0] * unit_factor("time", time_unit)
     _check_increasing(t, csv, time_col)
     # with windows, only the samples inside the loaded windows need to be finite
     omega = _numeric_columns(df, csv, rate_cols, allow_nonfinite=has_windows) * unit_factor("rate", rate_unit)
     if check_units:
         check_plausible(t, omega, csv)
+    pauses = _pause_times(files) * unit_factor("time", time_unit)
     if not has_windows:
-        return [Segment(t, omega, name=label, source=csv, index=None, comment="")], ""
+        whole = Segment(t, omega, name=label, source=csv, index=None, comment="")
+        if windows == "file":
+            return [whole], ""
+        found = cut_flights(whole, accel=_accelerometer(files, time_unit), pauses=pauses)
+        if found or windows == "detect":
+            return found, "" if found else f"no free-flight window detected in {csv} (rigidjax.io.detect)"
+        warnings.warn(
+            f"{csv}: no segments.csv and no free-flight window detected (rigidjax.io.detect); "
+            "the whole recording is one window",
+            stacklevel=4,
+        )
+        return [whole], ""
     seg_file = files.label("meta/segments.csv")
     segs_df = _read_table(None, label=seg_file, data=files.read("meta/segments.csv"), sniff=False)
-    pauses = _pause_times(files) * unit_factor("time", time_unit)
     out = _cut_windows(t, omega, df, rate_cols, csv, segs_df, seg_file, label, keep_only, pauses)
     return out, _why_empty(out, segs_df, seg_file)
 
@@ -242,7 +280,13 @@ def _label(where: Path, root: Path) -> str:
 
 
 def load_phyphox(
-    path, *, keep_only: bool = True, time_unit: str | None = None, rate_unit: str | None = None, check_units=True
+    path,
+    *,
+    keep_only: bool = True,
+    time_unit: str | None = None,
+    rate_unit: str | None = None,
+    check_units=True,
+    windows: str = "auto",
 ) -> list[Segment]:
     """Load phyphox "Gyroscope rotation rate" exports (folders or zips, any CSV dialect).
 
@@ -256,20 +300,28 @@ def load_phyphox(
         time_unit, rate_unit: override phyphox's own units (s, rad/s) for files edited by
             hand (:mod:`rigidjax.io.units`).
         check_units: run :func:`rigidjax.io.units.check_plausible` on each recording.
+        windows: ``"auto"`` (default): ``meta/segments.csv``, else the detected free flights
+            (:mod:`rigidjax.io.detect`), else the whole recording (warned); ``"file"``:
+            ``segments.csv``, else the whole recording; ``"detect"``: detected flights only,
+            ``segments.csv`` ignored.
 
     Returns:
         One :class:`Segment` per window of ``meta/segments.csv`` (``start <= t <= end``,
-        measured timestamps), or one per recording without ``segments.csv``; ``omega`` in
-        the PHONE's body frame (rad/s).
+        measured timestamps) or per detected flight (``comment`` ``"detected free flight"``,
+        ``index`` its number in the recording), or one per recording; ``omega`` in the PHONE's
+        body frame (rad/s).
 
     Raises:
         DataError: no export found; missing columns; non-numeric cells; NaN/inf/empty rates
             inside a loaded window (or anywhere, without ``segments.csv``; rates outside
             every loaded window may be NaN); non-finite or non-increasing time; implausible
             units; a window with bad bounds, fewer than 2 samples, or outside the recording;
-            nothing to load (a ``segments.csv`` with no rows, or all rows ``keep=false``).
+            nothing to load (a ``segments.csv`` with no rows, or all rows ``keep=false``; no
+            flight detected with ``windows="detect"``); an unknown ``windows``.
             Messages name the file (``archive.zip/Raw Data.csv`` inside a zip), line and column.
     """
+    if windows not in WINDOWS:
+        raise DataError(f"windows must be one of {WINDOWS}; got {windows!r}")
     p = Path(path)
     if p.is_file() and p.suffix.lower() != ".zip":
         if p.name != RAW_DATA and not (p.suffix.lower() == ".csv" and (p.parent / "meta").is_dir()):
@@ -285,7 +337,7 @@ def load_phyphox(
     empty = []
     try:
         for files, where in exports:
-            segs, why = _load_export(files, _label(where, root), keep_only, time_unit, rate_unit, check_units)
+            segs, why = _load_export(files, _label(where, root), keep_only, time_unit, rate_unit, check_units, windows)
             segments.extend(segs)
             if why:
                 empty.append(why)

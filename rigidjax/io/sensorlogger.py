@@ -6,7 +6,8 @@ exports: a folder, or the zip the app shares, with one CSV per sensor::
                       started (the same clock in every file); z,y,x: rad/s, phone axes
     Orientation.csv   time,seconds_elapsed,qz,qy,qx,qw,roll,pitch,yaw
     segments.csv      (optional, as phyphox's meta/segments.csv: segment,start,end,keep,comment,
-                      times in seconds_elapsed)
+                      times in seconds_elapsed; without it the free flights are detected from
+                      the gyroscope alone, :mod:`rigidjax.io.detect`, as for phyphox)
 
 Nothing is resampled: each file keeps its own timestamps. The quaternion is read as the phone's
 attitude, body (phone) to world, as Android's rotation vector defines it (not checked against
@@ -16,6 +17,7 @@ relying on its sense).
 
 from __future__ import annotations
 
+import warnings
 import zipfile
 from pathlib import Path, PurePosixPath
 
@@ -33,6 +35,7 @@ from ._base import (
     _unit_quaternions,
     _zip_dirs,
 )
+from .detect import WINDOWS, cut_flights
 from .phyphox import _cut_windows, _why_empty
 from .units import check_plausible, unit_factor
 
@@ -102,7 +105,13 @@ def _read(files: _Files, rel: str, columns, time_unit, allow_nonfinite=False) ->
 
 
 def load_sensor_logger(
-    path, *, keep_only: bool = True, time_unit: str | None = None, rate_unit: str | None = None, check_units=True
+    path,
+    *,
+    keep_only: bool = True,
+    time_unit: str | None = None,
+    rate_unit: str | None = None,
+    check_units=True,
+    windows: str = "auto",
 ) -> list[Segment]:
     """Load the gyroscope of Sensor Logger exports (folders or zips, see the module).
 
@@ -114,9 +123,11 @@ def load_sensor_logger(
         time_unit: unit of ``seconds_elapsed`` (default s) or, without it, of ``time``
             (default ns); rate_unit: default rad/s (:mod:`rigidjax.io.units`).
         check_units: run :func:`rigidjax.io.units.check_plausible` on each recording.
+        windows: as :func:`rigidjax.io.load_phyphox` (``auto``: ``segments.csv``, else detected
+            free flights from the gyroscope alone, else the whole recording, warned).
 
     Returns:
-        One :class:`Segment` per recording (or per window of its ``segments.csv``): ``t`` in s
+        One :class:`Segment` per window of its ``segments.csv``, per detected flight, or per recording: ``t`` in s
         since the recording started, ``omega`` ``(n, 3)`` rad/s in the PHONE's axes (x, y, z:
         the file's ``z,y,x`` columns read by name).
 
@@ -124,6 +135,8 @@ def load_sensor_logger(
         DataError: no ``Gyroscope.csv``; missing columns; bad cells; non-increasing time;
             implausible units; bad windows (file, line and column named).
     """
+    if windows not in WINDOWS:
+        raise DataError(f"windows must be one of {WINDOWS}; got {windows!r}")
     p = Path(path)
     if not p.exists():
         raise DataError(f"{p}: no such file or folder")
@@ -133,13 +146,23 @@ def load_sensor_logger(
     out, empty = [], []
     try:
         for files, label in exports:
-            windows = files.exists("segments.csv")  # only the samples inside windows need to be finite
-            t, omega, df, csv = _read(files, GYROSCOPE, _GYRO_COLUMNS, time_unit, allow_nonfinite=windows)
+            listed = files.exists("segments.csv") and windows != "detect"  # else every sample must be finite
+            t, omega, df, csv = _read(files, GYROSCOPE, _GYRO_COLUMNS, time_unit, allow_nonfinite=listed)
             omega = omega * unit_factor("rate", rate_unit)
             if check_units:
                 check_plausible(t, omega, csv)
-            if not windows:
-                out.append(Segment(t, omega, name=label, source=csv))
+            if not listed:
+                whole = Segment(t, omega, name=label, source=csv)
+                found = [] if windows == "file" else cut_flights(whole)
+                if not found and windows == "auto":
+                    warnings.warn(
+                        f"{csv}: no segments.csv and no free-flight window detected (rigidjax.io.detect); "
+                        "the whole recording is one window",
+                        stacklevel=3,
+                    )
+                out += found or ([] if windows == "detect" else [whole])
+                if not found and windows == "detect":
+                    empty.append(f"no free-flight window detected in {csv} (rigidjax.io.detect)")
                 continue
             seg_file = files.label("segments.csv")
             segs_df = _read_table(None, label=seg_file, data=files.read("segments.csv"), sniff=False)
