@@ -8,7 +8,7 @@
   working directory ``notebooks/``). A cell that raised, or a notebook without a figure, is a
   warning (an error under ``mkdocs build --strict``).
 * MathJax 3 is served from the ``django-static-mathjax`` package (the ``docs`` extra), so
-  equations render without a network.
+  equations render without a network: its SVG output (``tex-svg-full.js``), which needs no fonts.
 * Checks (warnings, so ``--strict`` fails): every public name of every documented module has a
   docstring, and the built API reference has an anchor for every name in ``rigidjax.__all__``
   and in the ``__all__`` (or public namespace) of every module it documents.
@@ -145,10 +145,9 @@ def _mathjax_files(config) -> list[File]:
         log.warning("django-static-mathjax is not installed (pip install -e '.[docs]'): equations will not render")
         return []
     es5 = Path(mathjax.__file__).parent / "static" / "mathjax" / "es5"
-    paths = [es5 / "tex-chtml-full.js", *sorted((es5 / "output" / "chtml" / "fonts" / "woff-v2").glob("*.woff"))]
-    return [
-        File.generated(config, "assets/mathjax/" + p.relative_to(es5).as_posix(), abs_src_path=str(p)) for p in paths
-    ]
+    # the SVG output draws its glyphs as paths: one file, no web fonts (the CHTML output needs its woff
+    # files beside it); "full": every TeX extension built in, nothing loaded on demand
+    return [File.generated(config, "assets/mathjax/tex-svg-full.js", abs_src_path=str(es5 / "tex-svg-full.js"))]
 
 
 @mkdocs.plugins.event_priority(100)  # before mkdocs-jupyter's on_files turns .ipynb files into pages

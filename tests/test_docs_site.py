@@ -1,6 +1,6 @@
 """The built documentation site in headless Chromium: the home page shows its figure, a stepper's
-concept page and an API page show their equations typeset by MathJax, and a notebook page its
-figures.
+concept page, an API page and a notebook's Markdown show their equations typeset (and drawn) by
+MathJax, and a notebook page its figures.
 
 Needs a built site (``python docs/build.py``; ``site/`` or ``$RIGIDJAX_DOCS_SITE``), Chromium
 (``chromium``, ``chromium-browser`` or ``google-chrome`` on the PATH, e.g. Debian's ``chromium``
@@ -72,7 +72,11 @@ def _images(page, selector="img"):
 
 
 def _equations(page, timeout_ms=20000):
-    """Typeset equations (MathJax's CHTML containers) and any MathJax error on the page."""
+    """(width, height) of every typeset equation (MathJax's containers) and any MathJax error on the page.
+
+    Every container must also hold drawn glyphs: an SVG with paths (the site's output), or CHTML
+    characters whose CSS rule is in MathJax's stylesheet; equations without them (blank, the
+    containers keeping their boxes) fail here."""
     page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=timeout_ms)
     page.evaluate("() => MathJax.startup.promise")
     page.wait_for_selector("mjx-container", timeout=timeout_ms)
@@ -80,7 +84,21 @@ def _equations(page, timeout_ms=20000):
         "mjx-container", "els => els.map(e => { const r = e.getBoundingClientRect(); return [r.width, r.height]; })"
     )
     errors = page.eval_on_selector_all("mjx-merror, .MathJax_Error", "els => els.map(e => e.textContent)")
+    blank = page.evaluate(BLANK_EQUATIONS)
+    assert not blank, f"{blank} of {len(boxes)} equations typeset without any drawn glyph (blank)"
     return boxes, errors
+
+
+# containers with nothing drawn: no SVG path, and no CHTML character whose ::before rule (its glyph)
+# is in MathJax's stylesheet
+BLANK_EQUATIONS = """() => {
+  const css = [...document.querySelectorAll("style")].map(s => s.textContent).join(" ");
+  const rule = k => css.includes("." + k + "::before") || css.includes("." + k + ".");  // mjx-c.mjx-c3C9.TEX-I::before
+  const drawn = ch => [...ch.classList].some(k => k.startsWith("mjx-c") && rule(k));
+  return [...document.querySelectorAll("mjx-container")].filter(
+    c => !c.querySelector("svg path, svg use") && ![...c.querySelectorAll("mjx-c")].some(drawn)
+  ).length;
+}"""
 
 
 def test_home_page_shows_its_figure(page, server, shots):
@@ -94,10 +112,6 @@ def test_home_page_shows_its_figure(page, server, shots):
     assert not page.errors, page.errors
 
 
-@pytest.mark.xfail(
-    reason="known: MathJax leaves empty boxes on the built pages (equations blank); not yet fixed",
-    strict=False,
-)
 def test_stepper_page_typesets_its_equations(page, server, shots):
     page.goto(f"{server}/steppers/midpoint/")
     boxes, errors = _equations(page)
@@ -109,10 +123,6 @@ def test_stepper_page_typesets_its_equations(page, server, shots):
     assert not page.errors, page.errors
 
 
-@pytest.mark.xfail(
-    reason="known: MathJax leaves empty boxes on the built pages (equations blank); not yet fixed",
-    strict=False,
-)
 def test_api_page_typesets_docstring_math(page, server):
     page.goto(f"{server}/api/midpoint/")
     boxes, errors = _equations(page)
@@ -120,6 +130,14 @@ def test_api_page_typesets_docstring_math(page, server):
     assert any(w > 200 for w, _ in boxes), "the package docstring's .. math:: block was not typeset"
     # the Sphinx roles of the docstrings became links to their entries
     assert page.locator("a.autorefs-internal").count() > 10
+
+
+def test_notebook_markdown_math_is_typeset(page, server):
+    # notebook 06's Markdown cells: a $$...$$ display in a <p> and inline $...$ in list items
+    page.goto(f"{server}/notebooks/06_gradients/")
+    boxes, errors = _equations(page)
+    assert not errors, f"MathJax errors: {errors}"
+    assert len(boxes) >= 3 and any(w > 200 and h > 30 for w, h in boxes), f"boxes {boxes}"
 
 
 def test_notebook_page_shows_its_figures(page, server, shots):
