@@ -21,24 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _default_data() -> Path:
-    shared = Path(os.environ.get("RIGIDJAX_SHARED_DATA", ROOT.parent / "shared" / "data"))
-    return shared / "racquet-flips" / "flips"
-
-
-def _cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+from benchmarks.bench_fit import ROOT, _cpu, _default_data
 
 
 def _inertia(m):

@@ -199,9 +199,11 @@ def _structure(problem, layout, dtype, jacobian: bool = True):
     return key
 
 
-def _program(problem, layout, dtype, jacobian: bool = True):
+def _program(problem, layout, dtype, jacobian: bool | str = True):
     """``jac_all(arrays, X, which) -> (r, status, J)`` per row of ``X`` (``jacobian=False``:
-    ``(r, status)``), jitted: row ``i`` evaluates the problem whose data are row ``which[i]``
+    ``(r, status)``; ``jacobian="normal"``: ``(cost, J^T J, J^T r, status, finite)``, the
+    Gauss-Newton quantities formed inside the program, zero where a residual or derivative
+    is not finite), jitted: row ``i`` evaluates the problem whose data are row ``which[i]``
     of ``arrays`` (:func:`_stack_many`). Shared by every problem of the same structure (model
     values, stepper, parameters with the shapes of their start values, observations, initial
     state, signals, substeps, segment count: equal or the same objects), whose data enter as
@@ -222,7 +224,12 @@ def _program(problem, layout, dtype, jacobian: bool = True):
             if not jacobian:
                 return r.reshape(-1), status
             J = jax.jacfwd(lambda y: residuals(mine, y)[0].reshape(-1))(x)
-            return r.reshape(-1), status, J
+            r = r.reshape(-1)
+            if jacobian != "normal":
+                return r, status, J
+            finite = jnp.all(jnp.isfinite(r)) & jnp.all(jnp.isfinite(J))
+            r0, J0 = jnp.where(finite, r, 0.0), jnp.where(finite, J, 0.0)
+            return 0.5 * r0 @ r0, J0.T @ J0, J0.T @ r0, status, finite
 
         return jax.vmap(one)(X, which)
 
@@ -270,6 +277,12 @@ def _evaluator(problems, layout, dtype, N: int, starts: int):
     jac_all = _program(problems[0], layout, dtype)
     batch = len(problems) * starts
     call = _caller(jac_all, arrays, dtype)
+    # float64: J^T J and J^T r formed in the program (what the optimiser needs: (P, P) per
+    # row instead of the (m, P) Jacobian, m = samples x components); float32: from the
+    # Jacobian in float64 on the host (J^T J squares the condition number)
+    normal = None
+    if jnp.dtype(dtype) == jnp.float64:
+        normal = _caller(_program(problems[0], layout, dtype, jacobian="normal"), arrays, dtype)
 
     def padded_run(X, which, rows):
         na = len(X)
@@ -286,6 +299,16 @@ def _evaluator(problems, layout, dtype, N: int, starts: int):
         return lambda X: padded_run(X, np.full(len(X), w), min(starts, batch))
 
     def evaluate(X, rows):
+        if normal is not None:
+            na, which = len(X), np.asarray(rows) // starts
+            if na < batch:
+                X = np.concatenate([X, np.repeat(X[:1], batch - na, 0)])
+                which = np.concatenate([which, np.repeat(which[:1], batch - na)])
+            cost, A, g, status, finite = (np.asarray(a)[:na] for a in normal(X, which))
+            ok = np.all(status == Status.SUCCESS, axis=1) & finite
+            cost = np.where(ok, np.asarray(cost, float), np.inf)
+            A = np.where(ok[:, None, None], np.asarray(A, float), 0.0)
+            return cost, A, np.where(ok[:, None], np.asarray(g, float), 0.0), ok, np.zeros((na, 1))
         r, status, J = run(X, np.asarray(rows) // starts)
         ok = np.all(status == Status.SUCCESS, axis=1) & np.all(np.isfinite(J), axis=(1, 2)) & np.all(np.isfinite(r), 1)
         r0, J0 = np.where(ok[:, None], r, 0), np.where(ok[:, None, None], J, 0)
