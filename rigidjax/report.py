@@ -12,7 +12,11 @@ inline SVG drawn by matplotlib. It holds
 * a figure of the per-window estimates with their 1-sigma bars against the combined
   estimate, its interval and the references;
 * per window: measured (dots) against fitted (lines) body angular velocity, rad/s, sensor
-  axes, with the residual (measured - fitted) in a panel below.
+  axes, with the residual (measured - fitted) in a panel below. ``max_windows`` limits these
+  figures (the command line draws 12 by default, ``--report-windows``): the windows with the
+  worst status, then the largest residual, are drawn; the table lists every window and a note
+  says how many figures were left out. The traces are rasterised (a PNG inside the SVG; axes
+  and text stay vector), which keeps a report of many windows small and quick to write.
 
 Figures carry ``id`` attributes (``fig-estimates``, ``fig-window-<i>``) and the class
 ``figure`` so that a test, or a reader's script, can find them. :func:`figures` returns the
@@ -38,6 +42,7 @@ __all__ = [
     "parse_reference",
     "estimates_figure",
     "window_figure",
+    "worst_windows",
     "figures",
     "report_html",
     "write_report",
@@ -170,10 +175,10 @@ def window_figure(result: InertiaFit, i: int):
     fig = _fig(8, 4.2)
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[2.2, 1])
     tt = t - t[0]
-    for k in range(3):
-        top.plot(tt, measured[:, k], ".", ms=2.5, color=f"C{k}", alpha=0.6)
-        top.plot(tt, fitted[:, k], "-", lw=1.2, color=f"C{k}", label=f"ω{'xyz'[k]}")
-        bottom.plot(tt, measured[:, k] - fitted[:, k], "-", lw=0.8, color=f"C{k}")
+    for k in range(3):  # rasterised traces: a PNG in the SVG (axes and text stay vector)
+        top.plot(tt, measured[:, k], ".", ms=2.5, color=f"C{k}", alpha=0.6, rasterized=True)
+        top.plot(tt, fitted[:, k], "-", lw=1.2, color=f"C{k}", label=f"ω{'xyz'[k]}", rasterized=True)
+        bottom.plot(tt, measured[:, k] - fitted[:, k], "-", lw=0.8, color=f"C{k}", rasterized=True)
     top.set_ylabel("body rate (rad/s)")
     top.legend(fontsize=7, loc="upper right", ncol=3, title="dots measured, lines fitted", title_fontsize=7)
     bottom.axhline(0, color="0.5", lw=0.6)
@@ -183,6 +188,13 @@ def window_figure(result: InertiaFit, i: int):
     which = "joint fit" if result.mode == "joint" and i in (result.combined.get("windows") or ()) else "own fit"
     top.set_title(f"#{i} {s['name'][-50:]} {s.get('comment', '')} — {which}, {rms}, {s['status']}", fontsize=8)
     return fig
+
+
+def worst_windows(result: InertiaFit) -> list:
+    """Rows of the windows with a fit to draw, worst first: not converged before converged,
+    then the larger residual RMS first."""
+    rows = [i for i, s in enumerate(result.segments) if s.get("rms") is not None and np.isfinite(s["rms"])]
+    return sorted(rows, key=lambda i: (str(result.segments[i]["status"]) == "converged", -result.segments[i]["rms"], i))
 
 
 def figures(result: InertiaFit, references=()) -> dict:
@@ -198,7 +210,7 @@ def _svg(fig) -> str:
 
     buf = io.StringIO()
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "rigidjax"}):
-        fig.savefig(buf, format="svg")
+        fig.savefig(buf, format="svg", dpi=120)  # dpi: of the rasterised traces
     text = buf.getvalue()
     return text[text.index("<svg") :]
 
@@ -267,12 +279,21 @@ def report_html(
     command: str | None = None,
     warnings=(),
     max_windows: int | None = None,
+    show_all: str = "max_windows=None",
+    progress=None,
 ) -> str:
     """The report as one HTML string (see the module). ``references``: strings
     ``NAME=VALUE+-SIGMA`` or ``(name, value, sigma)`` tuples; ``warnings``: strings shown as
-    such; ``max_windows``: draw at most this many window figures (the table lists all).
+    such; ``max_windows``: draw at most this many window figures, those of
+    :func:`worst_windows` (``None``: all; the table lists every window, the figures follow in
+    its order); ``show_all``: how to draw them all, named in the note on the figures left out;
+    ``progress``: called with a line (``"window figure 3/12"``) before each figure.
     Raises :class:`ReportError` for a malformed reference or one naming no estimate."""
     refs = _refs(result, references)
+    say = progress or (lambda text: None)
+    candidates = worst_windows(result)
+    chosen = candidates if max_windows is None else candidates[: max(int(max_windows), 0)]
+    drawn = sorted(chosen)
     title = title or "rigidjax fit report"
     parts = [
         f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
@@ -340,7 +361,7 @@ def report_html(
         rms_w = f"{s['rms']:.4f}" if s.get("rms") is not None and np.isfinite(s["rms"]) else "—"
         rows.append(
             [
-                str(i),
+                f"<a href='#fig-window-{i}'>{i}</a>" if i in drawn else str(i),
                 f"<span class='l'>{html.escape(str(s['name']))}</span>",
                 html.escape(str(s.get("comment", ""))),
                 str(s["n"]),
@@ -359,24 +380,37 @@ def report_html(
     )
 
     parts.append("<h2>Figures</h2>")
+    say(f"report: estimates figure, then {len(drawn)} window figure(s)")
     fig = estimates_figure(result, references=[(k, *v) for k, v in refs.items()])
     parts.append(
         f"<figure id='fig-estimates' class='figure'>{_svg(fig)}<figcaption>Per-window estimates (own fits, "
         "± 1σ), the combined estimate and its 95 % interval, and the references.</figcaption></figure>"
     )
-    n_draw = len(result.segments) if max_windows is None else min(max_windows, len(result.segments))
-    for i in range(n_draw):
+    no_fit = sorted(set(range(len(result.segments))) - set(candidates))
+    for j, i in enumerate(drawn):
+        say(f"report: window figure {j + 1}/{len(drawn)} (window {i})")
         fig = window_figure(result, i)
         if fig is None:
-            parts.append(f"<p>window {i}: no fit to draw ({html.escape(str(result.segments[i]['status']))}).</p>")
+            no_fit = sorted(no_fit + [i])
             continue
         parts.append(
             f"<figure id='fig-window-{i}' class='figure'>{_svg(fig)}<figcaption>Window {i}: measured "
             "(dots) and fitted (lines) body angular velocity in sensor axes, and the residual "
             "measured − fitted.</figcaption></figure>"
         )
-    if n_draw < len(result.segments):
-        parts.append(f"<p>{len(result.segments) - n_draw} more window(s) not drawn (max_windows).</p>")
+    if no_fit:
+        parts.append(
+            "<p class='no-fit'>no fit to draw: "
+            + ", ".join(f"window {i} ({html.escape(str(result.segments[i]['status']))})" for i in no_fit)
+            + ".</p>"
+        )
+    left = len(candidates) - len(chosen)
+    if left > 0:
+        parts.append(
+            f"<p class='left-out' id='figures-left-out'>{left} of {len(candidates)} window figures left out: drawn "
+            f"are the {len(chosen)} with the worst status, then the largest residual (linked from the table). "
+            f"All: <code>{html.escape(show_all)}</code>.</p>"
+        )
     parts.append("</body></html>")
     return "\n".join(parts)
 

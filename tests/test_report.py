@@ -16,7 +16,10 @@ import pytest
 from rigidjax.cli import main
 from rigidjax.cli_fit import NO_CACHE_ENV
 from rigidjax.identify._combine import median_se_stat
+from rigidjax.identify import FitStatus, InertiaFit
+from rigidjax.identify._model import Spec
 from rigidjax.identify._principal import combined_covariance
+from rigidjax.report import report_html
 from rigidjax.report import ReportError, parse_reference
 
 REFS = ["Ix/Iy=13.5+-4", "Iz/Iy=14.9+-3"]
@@ -93,6 +96,14 @@ def test_json_covariance(demo):
         assert np.sqrt(C[j, j]) == pytest.approx(d["uncertainties"][name], rel=1e-6), name
     # the joint fit's cluster-robust covariance over windows, and each window's own
     assert np.array(c["matrix_total"]).shape == (9, 9)
+    # one total error per quantity: the total covariance's diagonal is the total uncertainty
+    # the intervals use, and so is the tensor's propagated se_total (I_xx = Iy x Ix/Iy here)
+    T = np.array(c["matrix_total"])
+    for j, name in enumerate(c["parameters"][:6]):
+        assert np.sqrt(T[j, j]) == pytest.approx(d["total_uncertainties"][name], rel=1e-9), name
+    tensor = d["inertia"]["tensor"]
+    assert tensor["se_total"][0][0] == pytest.approx(d["total_uncertainties"]["Ix"], rel=1e-9)
+    assert tensor["se_total"][2][2] == pytest.approx(d["total_uncertainties"]["Iz"], rel=1e-9)
     own = d["segments"][0]["own"]["covariance"]
     assert own["parameters"][:6] == c["parameters"][:6] and np.array(own["matrix"]).shape == (9, 9)
 
@@ -154,6 +165,79 @@ def test_combined_covariance_diagonal_is_the_median_error():
     for j in range(2):
         assert np.sqrt(stat[j, j]) == pytest.approx(median_se_stat(se[:, j]), rel=1e-4)  # 1.2533 vs sqrt(pi/2)
     assert total[0, 0] == pytest.approx(np.pi / 2 * np.var([1.0, 1.1, 0.9], ddof=1) / 3)
+
+
+def _per_window_result(n=5, bad=(3,)):
+    """A per-window result of ``n`` windows without fitting (predict drawn from a sine)."""
+    rng = np.random.default_rng(0)
+    vals = np.array([13.8, 14.8]) + 0.5 * rng.standard_normal((n, 2))
+    segs = [
+        dict(
+            name=f"rec #{i}",
+            comment="",
+            n=50,
+            rms=0.1 + 0.01 * i,
+            status=FitStatus.POOR_FIT if i in bad else FitStatus.CONVERGED,
+            reason="",
+            estimates={"Ix/Iy": v[0], "Iz/Iy": v[1]},
+            se={"Ix/Iy": 0.2, "Iz/Iy": 0.2},
+        )
+        for i, v in enumerate(vals)
+    ]
+    pooled = [i for i in range(n) if i not in bad]
+    res = InertiaFit(
+        mode="per-window",
+        options={},
+        status=FitStatus.POOR_FIT,
+        message="test",
+        estimates={"Ix/Iy": 13.85, "Iz/Iy": 14.78},
+        uncertainties={"Ix/Iy": 0.1, "Iz/Iy": 0.1},
+        total_uncertainties={"Ix/Iy": 0.4054, "Iz/Iy": 0.39},
+        intervals={"Ix/Iy": (13.0, 14.6), "Iz/Iy": (14.0, 15.5)},
+        segments=segs,
+        combined={"windows": pooled, "n": len(pooled), "sources": ["rec"]},
+        rms=0.1,
+        _model={"spec": Spec(tensor=False, drag=None, bias=False), "cov": [np.diag([0.04, 0.04])] * n},
+    )
+    t = np.linspace(0, 1, 50)
+    w = np.stack([np.sin(5 * t), np.cos(5 * t), t], 1)
+    res.predict = lambda i: (t, w + 0.01, w)
+    return res
+
+
+def test_per_window_total_covariance_is_the_total_uncertainty():
+    """Per-window mode: matrix_total keeps the windows' correlations, its diagonal (and the
+    tensor's se_total of I_xx/I_yy, I_zz/I_yy) is total_uncertainties squared: one total error."""
+    res = _per_window_result()
+    c = res.covariance()
+    T = c["matrix_total"]
+    vals = np.array([[res.segments[i]["estimates"][k] for k in ("Ix/Iy", "Iz/Iy")] for i in (0, 1, 2, 4)])
+    raw = combined_covariance([np.diag([0.04, 0.04])] * 4, vals)[1]
+    corr = lambda m: m[0, 1] / np.sqrt(m[0, 0] * m[1, 1])  # noqa: E731
+    assert corr(T) == pytest.approx(corr(raw), rel=1e-9)
+    tensor = res.inertia()["tensor"]
+    for j, name in enumerate(("Ix/Iy", "Iz/Iy")):
+        assert np.sqrt(T[j, j]) == pytest.approx(res.total_uncertainties[name], rel=1e-9)
+        assert tensor["se_total"][2 * j][2 * j] == pytest.approx(res.total_uncertainties[name], rel=1e-9)
+
+
+def test_report_draws_the_worst_windows_first():
+    """max_windows: the worst status, then the largest residual, are drawn (in table order),
+    linked from the table; a note counts the rest and names how to show them all."""
+    res = _per_window_result(n=4, bad=(1,))
+    said = []
+    text = report_html(res, max_windows=2, show_all="--report-windows all", progress=said.append)
+    p = _Collect()
+    p.feed(text)
+    assert set(p.figures) == {"fig-estimates", "fig-window-1", "fig-window-3"}  # poor_fit, then largest rms
+    assert "2 of 4 window figures left out" in text and "--report-windows all" in text
+    assert "href='#fig-window-3'" in text and "href='#fig-window-0'" not in text
+    assert said[-2:] == ["report: window figure 1/2 (window 1)", "report: window figure 2/2 (window 3)"]
+    assert "<image" in text  # rasterised traces
+    text = report_html(res)  # every window
+    p = _Collect()
+    p.feed(text)
+    assert len(p.figures) == 5 and "left out" not in text
 
 
 class _Collect(html.parser.HTMLParser):

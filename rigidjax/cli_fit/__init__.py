@@ -110,6 +110,22 @@ examples:
 """
 
 
+#: ``--report-windows``: window figures drawn by default (a figure takes ~0.1-0.5 s to draw)
+REPORT_WINDOWS = 12
+
+
+def _report_windows(text: str) -> int | None:
+    if text.strip().lower() == "all":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a count >= 0 or 'all', got {text!r}")
+    return n
+
+
 def add_parsers(subparsers) -> None:
     """Add ``fit`` and ``fit-pendulum`` to an ``argparse`` subparsers object."""
     p = subparsers.add_parser(
@@ -170,6 +186,14 @@ def add_parsers(subparsers) -> None:
         metavar="DIR",
         help="write DIR/index.html: a self-contained report (statuses, combined estimate, tensor and principal axes, "
         "per-window estimates and measured vs fitted rates with residuals; inline SVG, no network)",
+    )
+    p.add_argument(
+        "--report-windows",
+        type=_report_windows,
+        default=REPORT_WINDOWS,
+        metavar="N",
+        help=f"--report: draw the rates of at most N windows, those with the worst status, then the largest residual "
+        f"(the table lists every window; default {REPORT_WINDOWS}; 'all': every window)",
     )
     p.add_argument(
         "--reference",
@@ -457,8 +481,21 @@ def run(args) -> int:
             if truth is not None:  # the demo: the truth as a reference (no error)
                 refs += [(k, float(truth[k]), 0.0) for k in ("Ix/Iy", "Iz/Iy") if k not in {r[0] for r in refs}]
             command = "rigidjax " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["fit"] else None
+            shown = Progress(quiet=args.quiet)  # the fit's progress is closed: a new one, on the same clock
+            shown.t0 = progress.t0
             try:
-                out_html = write_report(result, args.report, references=refs, warnings=notes, command=command)
+                with shown:
+                    out_html = write_report(
+                        result,
+                        args.report,
+                        references=refs,
+                        warnings=notes,
+                        command=command,
+                        max_windows=args.report_windows,
+                        show_all="--report-windows all",
+                        progress=shown.set_phase,
+                    )
+                    shown.set_phase("report: done")
             except (ReportError, OSError) as e:
                 return error("fit", f"--report {args.report}: {e}")
             print(f"wrote {out_html}")

@@ -189,9 +189,13 @@ class InertiaFit:
         bias (rad/s; per recording when there are several). The windows' initial rates are
         nuisance parameters and left out (the matrix is the marginal block). ``matrix`` is
         statistical (Gauss-Newton ``s^2 (J^T J)^-1``, noise only); ``matrix_total`` covers the
-        scatter between windows: joint, the cluster-robust (sandwich) covariance over windows;
-        per-window, ``(pi/2) S / n`` from the windows' sample covariance ``S`` (``None`` with
-        one window). Per-window mode's ``matrix`` is ``(pi/2) (sum_i C_i^-1)^-1`` over the
+        scatter between windows, and its diagonal is :attr:`total_uncertainties` squared (the
+        same total error as the intervals: one number per quantity): joint, the correlations of
+        the cluster-robust (sandwich) covariance over windows; per-window, the correlations of
+        ``(pi/2) S / n`` from the windows' sample covariance ``S``, each scaled to the total
+        uncertainty (``None`` with one window). The tensor's and principal moments'
+        ``se_total`` (:meth:`inertia`) propagate this matrix, so ``se_total`` of ``I_xx/I_yy``
+        equals ``total_uncertainties["Ix/Iy"]``. Per-window mode's ``matrix`` is ``(pi/2) (sum_i C_i^-1)^-1`` over the
         pooled windows' own covariances ``C_i`` (the median's efficiency times the weighted
         mean's covariance). Units: ratios are dimensionless, drag/Iy 1/s, bias rad/s.
         """
@@ -206,8 +210,9 @@ class InertiaFit:
             return {
                 "parameters": names + list(j["bias_names"]),
                 "matrix": np.asarray(j["cov"], float),
-                "matrix_total": None if j["cov_total"] is None else np.asarray(j["cov_total"], float),
-                "kind": "joint fit: statistical (Gauss-Newton); total: cluster-robust (sandwich) over windows",
+                "matrix_total": self._match_total(j["cov_total"], names + list(j["bias_names"])),
+                "kind": "joint fit: statistical (Gauss-Newton); total: cluster-robust (sandwich) over windows, "
+                "scaled so its diagonal is total_uncertainties squared (at least the statistical variance)",
                 "_xp": np.asarray(j["xp"], float)[:P],
             }
         pooled = list(self.combined.get("windows") or [])
@@ -223,9 +228,30 @@ class InertiaFit:
             stat, total = combined_covariance(covs, vals)
             kind = (
                 f"median of {len(covs)} windows: statistical (pi/2) (sum C_i^-1)^-1 of the windows' Gauss-Newton "
-                "covariances; total (pi/2) S / n from their sample covariance"
+                "covariances; total: correlations of (pi/2) S / n from their sample covariance S, scaled so its "
+                "diagonal is total_uncertainties squared (the intervals' width / (2 x 1.96))"
             )
-        return {"parameters": names, "matrix": stat, "matrix_total": total, "kind": kind, "_xp": xp}
+        return {
+            "parameters": names,
+            "matrix": stat,
+            "matrix_total": self._match_total(total, names),
+            "kind": kind,
+            "_xp": xp,
+        }
+
+    def _match_total(self, total, names):
+        """``total`` rescaled (its correlations kept) so that its diagonal is
+        :attr:`total_uncertainties` squared for every parameter that has a finite, positive one:
+        one total error per quantity, the one the intervals use. Other rows (bias) unchanged."""
+        if total is None:
+            return None
+        total = np.array(total, float)
+        f = np.ones(len(total))
+        for k, n in enumerate(names):
+            e, var = self.total_uncertainties.get(n), total[k, k]
+            if e is not None and np.isfinite(e) and e > 0 and np.isfinite(var) and var > 0:
+                f[k] = e / np.sqrt(var)
+        return total * np.outer(f, f)
 
     def inertia(self) -> dict | None:
         """The inertia tensor, its principal moments and principal axes with 1-sigma errors
