@@ -14,6 +14,13 @@ RACQUET = SHARED_DATA / "racquet-flips"
 
 
 @pytest.fixture
+def racquet_path():
+    """Where the shared racquet recordings are looked for (present or not): for tests whose
+    expectation depends on them without skipping."""
+    return RACQUET
+
+
+@pytest.fixture
 def racquet_dir():
     """Path of the shared racquet recordings; skips with a clear message where absent."""
     if not RACQUET.is_dir():

@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RACQUET
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -66,12 +64,12 @@ def test_gpu_check_quick_midpoint(tmp_path):
 
 
 @pytest.mark.slow
-def test_gpu_check_quick_full(tmp_path):
+def test_gpu_check_quick_full(tmp_path, racquet_path):
     r, stdout = _run(tmp_path, timeout=600)
     _check_common(r, stdout)
     assert {x["stepper"] for x in r["throughput"]} == {"midpoint", "euler-parameters", "variational"}
     assert {x["stepper"] for x in r["precision"]} == {"midpoint", "euler-parameters", "variational"}
-    if RACQUET.is_dir():
+    if racquet_path.is_dir():
         assert r["fit"]["windows"] == 2 and r["fit"]["warm_s"] > 0 and r["fit"]["estimates"]
     else:
         assert "not found" in r["fit"]["skipped"]

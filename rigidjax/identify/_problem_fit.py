@@ -99,14 +99,16 @@ def fit_many(
     same starts (``fit_many([p])[0] == fit(p)``).
 
     Returns:
-        ``[ProblemFit]`` in the order of ``problems``. A problem whose start values cannot be
-        simulated, or whose every start fails, gets the status ``nonfinite`` (its values are
-        the start values, with infinite errors) instead of an exception: the others' fits
-        are kept.
+        ``[ProblemFit]`` in the order of ``problems``. A problem whose start values fail in a
+        rollout (e.g. an unphysical inertia), or whose every start fails, gets the status
+        ``nonfinite`` (its values are the start values, with infinite errors) instead of an
+        exception: the others' fits are kept.
 
     Raises:
         ValueError: no problems; problems of different structures (naming the first part
-            that differs); the option and structure errors of :func:`fit`.
+            that differs); start values that are not finite or lie outside their transform's
+            bounds (an input error, naming ``problems[i]``); the option and structure errors
+            of :func:`fit`.
     """
     problems = list(problems)
     if not problems:
@@ -155,7 +157,12 @@ def _fit(problems, starts, spread, seed, max_steps, dtype, pad_to, step_check, r
     # the model in the evaluation dtype (a float64 model fitted in float32, and vice versa)
     cast = lambda a: jnp.asarray(a, dtype) if eqx.is_inexact_array(a) else a  # noqa: E731
     problems = [dataclasses.replace(p, model=jax.tree_util.tree_map(cast, p.model)) for p in problems]
-    layouts = [_Layout(p) for p in problems]
+    layouts = []
+    for i, p in enumerate(problems):
+        try:
+            layouts.append(_Layout(p))
+        except ValueError as e:  # bad start values or bounds: an input error, named per problem
+            raise ValueError(f"{name}: problems[{i}]: {e}" if len(problems) > 1 else str(e)) from None
     layout = layouts[0]
     _check_signals(problems[0], layout, dtype)
     _check_same_structure(problems, layouts, dtype, name)

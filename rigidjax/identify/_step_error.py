@@ -16,7 +16,10 @@ the data determine); each fitted value moves by ``v(x + dx) - v(x)``, reported i
 standard errors. Above :data:`STEP_SHIFT_MAX` the stepper's error is not negligible next
 to the noise: :func:`fit` doubles ``substeps`` and refits from the optimum, and stops when
 the largest shift no longer shrinks (below :data:`SHRINK_MIN` of the previous one): the
-difference is then round-off (e.g. float32), not step error. A converged fit whose values
+difference is then round-off (e.g. float32), not step error. That comparison measures the
+shifts in the FIRST fit's standard errors: each refit's own standard errors shrink with the
+model error they contain (the residual variance, the block sandwich), so the shift in its
+own units may stay flat while the shift itself halves. A converged fit whose values
 still move by more than :data:`STEP_SHIFT_MAX` after the check (``step_check="report"``, the
 doublings exhausted, or a refit that failed; not where the shift stopped shrinking, which
 is round-off and only named in the message) gets the status
@@ -94,9 +97,15 @@ def refine_steps(problem, layout, out, run, x, g, dtype, N, max_steps, refine):
     the multi-start search was done). Returns ``(out, x, g)`` of the last fit, with
     ``substeps`` and ``step_shift``."""
     first, previous, roundoff = out, np.inf, False
+    se_first = _se(first)
     for doubling in range(MAX_DOUBLINGS + 1):
         shift = _step_shift(problem, layout, out, run, x, dtype, N)
         worst = int(np.nanargmax(shift)) if np.any(np.isfinite(shift)) else 0
+        # the shift itself (not in this fit's standard errors, which shrink with the model
+        # error they contain), in the first fit's standard errors: a fixed scale
+        se_now = _se(out)
+        ok = np.isfinite(se_now) & np.isfinite(se_first) & (se_first > 0)
+        moved = float(np.max(np.where(ok, shift * se_now / np.where(ok, se_first, 1.0), shift)))
         out = dataclasses.replace(out, substeps=problem.substeps, step_shift=shift)
         if not np.all(np.isfinite(shift)):
             out = dataclasses.replace(
@@ -106,7 +115,7 @@ def refine_steps(problem, layout, out, run, x, g, dtype, N, max_steps, refine):
         small = bool(np.all(shift <= STEP_SHIFT_MAX))
         if small or out.status not in (FitStatus.CONVERGED, FitStatus.POOR_FIT):
             break
-        if shift[worst] > SHRINK_MIN * previous:
+        if moved > SHRINK_MIN * previous:
             out = dataclasses.replace(
                 out,
                 message=f"{out.message}; the steps' error estimate moves {out.names[worst]} by {shift[worst]:.2g} "
@@ -114,7 +123,7 @@ def refine_steps(problem, layout, out, run, x, g, dtype, N, max_steps, refine):
             )
             roundoff = True
             break
-        previous = shift[worst]
+        previous = moved
         if doubling == MAX_DOUBLINGS or not refine:
             out = dataclasses.replace(
                 out,
@@ -141,6 +150,11 @@ def refine_steps(problem, layout, out, run, x, g, dtype, N, max_steps, refine):
             break
         out, x, g = finer, st["x"][0], st["g"][0]
     return _conclude(out, first.substeps, roundoff), x, g
+
+
+def _se(out) -> np.ndarray:
+    """The standard errors of ``out``'s flattened values (``names`` order)."""
+    return np.sqrt(np.maximum(np.diag(np.asarray(out.covariance, float)), 0.0))
 
 
 def _conclude(out, given: int, roundoff: bool):
