@@ -189,7 +189,9 @@ def test_known_torques_give_absolute_moments():
         initial=identify.FreeBodyInitial(("angular_velocity",)),
         substeps=8,
     )
-    f = identify.fit(problem, starts=2)
+    # noise-free: the residual is the stepper's own error, so standard errors (and the step
+    # check, which measures in them) say nothing; the accuracy is checked against DOP853 instead
+    f = identify.fit(problem, starts=2, step_check="off")
     print(f, f.decrement)
     assert f.status == identify.FitStatus.CONVERGED, f.message
     np.testing.assert_allclose(f.values["moments"], INERTIA, rtol=1e-4)
