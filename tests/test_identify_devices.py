@@ -3,8 +3,9 @@ gives the one-device fit.
 
 The worker (``tests/_identify_devices_worker.py``) fits four windows; run here on this
 process's one CPU device, in a subprocess with two host devices
-(``--xla_force_host_platform_device_count=2``), and (``slow``) as two processes joined by
-:mod:`rigidjax.launch` with one device each. Each row (a start of a window) is evaluated on
+(``--xla_force_host_platform_device_count=2``), and as two processes joined by
+:mod:`rigidjax.launch` with one device each (both ``slow``: 1-4 min on the 2-core VM, a
+compilation in each interpreter). Each row (a start of a window) is evaluated on
 one device with the same arithmetic; only the rows per device differ, which may change XLA's
 vectorisation and so the rounding: values and costs are compared to 1e-9 relative (the
 optimiser stops at a relative decrement of 1e-10, so round-off in the last iterations may
@@ -44,6 +45,7 @@ def _compare(z, meta, devices, processes):
         np.testing.assert_allclose(z[k], here[k], rtol=1e-9, atol=1e-12, err_msg=k)
 
 
+@pytest.mark.slow  # ~1-2 min on 2 cores: a second interpreter compiles the fit for two devices
 def test_two_host_devices_equal_one(tmp_path):
     out = tmp_path / "two.npz"
     p = subprocess.run(
