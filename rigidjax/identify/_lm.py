@@ -164,9 +164,18 @@ def solve(
         F = _free(x, g, lo, hi)
         dA = np.diagonal(A, axis1=1, axis2=2)
         scale = np.maximum(dA, 1e-12 * np.maximum(dA.max(1, keepdims=True), 1e-300))
-        M = A + lam[:, None, None] * (scale[:, :, None] * eye)
-        M = np.where(F[:, :, None] & F[:, None, :], M, eye * scale[:, :, None])
-        h = _solve_batch(M, np.where(F, -g, 0.0))
+        M_all = A + lam[:, None, None] * (scale[:, :, None] * eye)
+        for _ in range(P):
+            M = np.where(F[:, :, None] & F[:, None, :], M_all, eye * scale[:, :, None])
+            h = _solve_batch(M, np.where(F, -g, 0.0))
+            # a variable freed by its gradient whose step still points out of the box (the
+            # coupling to the others outweighs it) is held too, and the step solved again:
+            # clipping it instead leaves a projected step the model does not predict, and
+            # near a bound the damping then climbs and falls for dozens of iterations
+            out = F & (((x >= hi) & (h > 0)) | ((x <= lo) & (h < 0)))
+            if not out.any():
+                break
+            F = F & ~out
         finite = np.all(np.isfinite(h), axis=1)
         h = np.where(finite[:, None], h, 0.0)
         xt = np.clip(x + h, lo, hi)

@@ -374,8 +374,36 @@ def lanes(n_pad: int) -> int:
     clipped to [4, 32]. One shape per window length: one compilation. Why 32: the call's
     cost grows about linearly with the lanes above ~16 (racquet flips, 128 samples: 5 ms
     for 32 lanes, 19 ms for 128, 2.8 ms for 8), so 32 lanes waste little at the start of a
-    fit and little in its tail, when only a few windows are still iterating."""
-    return int(min(32, max(4, 4096 // n_pad)))
+    fit. Its tail, when only a few problems are still iterating, runs in calls of
+    :data:`SMALL_LANES` (:func:`lane_chunks`)."""
+    return int(min(32, max(SMALL_LANES, 4096 // n_pad)))
+
+
+#: Lanes of the second compiled call shape, for the few problems still iterating at the end of
+#: a fit. Measured (2-core VM, full tensor + drag + bias, 128 samples, one call): 1 lane
+#: 2.5 ms, 2 lanes 3.5 ms, 4 lanes 4.6 ms, 16 lanes 9.3 ms, 32 lanes 26 ms. On the README demo
+#: 394 of 463 evaluations had at most 4 lanes; padded to 32 each cost ~6x more.
+SMALL_LANES = 4
+
+
+def lane_chunks(n: int, Q: int) -> list[tuple[int, int]]:
+    """Split ``n`` lanes into calls ``(start, lanes of the call)``: full calls of ``Q`` lanes,
+    then the remainder in calls of :data:`SMALL_LANES` when at most two of them hold it,
+    else one more call of ``Q``. Two call shapes: two compilations, whatever ``n``."""
+    small = min(SMALL_LANES, Q)
+    out = []
+    c0 = 0
+    while n - c0 >= Q:
+        out.append((c0, Q))
+        c0 += Q
+    r = n - c0
+    if r > 2 * small:
+        out.append((c0, Q))
+    else:
+        while c0 < n:
+            out.append((c0, small))
+            c0 += small
+    return out
 
 
 def pad_length(n: int) -> int:
@@ -405,19 +433,18 @@ def simulate(spec: Spec, theta, w0, dt, k, dtype):
     """Batched simulation through :func:`simulator` in lanes: ``theta (na, n_theta), w0 (na, 3),
     dt (na, N-1), k (na,)`` -> ``omega (na, N, 3)`` (NumPy)."""
     na, N = dt.shape[0], dt.shape[1] + 1
-    Q = lanes(N)
     out = np.empty((na, N, 3))
     sim = simulator(spec)
-    for c0 in range(0, na, Q):
+    for c0, Q in lane_chunks(na, lanes(N)):
         sl = np.arange(c0, min(c0 + Q, na))
-        sl = np.concatenate([sl, np.full(Q - sl.size, sl[-1])])
+        n_real = sl.size
+        sl = np.concatenate([sl, np.full(Q - n_real, sl[-1])])
         w = sim(
-            jnp.asarray(theta[sl], dtype),
-            jnp.asarray(w0[sl], dtype),
-            jnp.asarray(dt[sl], dtype),
-            jnp.asarray(k[sl], jnp.int32),
+            np.asarray(theta[sl], dtype),
+            np.asarray(w0[sl], dtype),
+            np.asarray(dt[sl], dtype),
+            np.asarray(k[sl], np.int32),
         )
-        n_real = min(Q, na - c0)
         out[c0 : c0 + n_real] = np.asarray(w, float)[:n_real]
     return out
 
