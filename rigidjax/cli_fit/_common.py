@@ -11,7 +11,7 @@ import time
 import warnings
 from pathlib import Path
 
-from ..io import LENGTH_UNITS, RATE_UNITS, TIME_UNITS, WINDOWS, describe_windows, load
+from ..io import LENGTH_UNITS, RATE_UNITS, TIME_UNITS, WINDOWS, describe_windows, is_ros_bag, load
 
 __all__ = [
     "NO_CACHE_ENV",
@@ -251,6 +251,13 @@ def add_input_options(p, windows: str = "auto") -> None:
         help="plain CSV: which column holds each quantity, e.g. t=Time,wx=gx,wy=gy,wz=-gz (a leading - negates; "
         "quantities t, wx..wz, qw..qz, r11..r33, x..z, tau_x..tau_z)",
     )
+    g.add_argument(
+        "--topic",
+        default=None,
+        metavar="NAME",
+        help="ROS 2 bag (rosbag2 folder, .mcap or .db3; pip install 'rigidjax[ros]'): the sensor_msgs/msg/Imu topic "
+        "to read (default: the bag's only one)",
+    )
     g.add_argument("--time-unit", choices=list(TIME_UNITS), default=None, help="unit of the time column (default s)")
     g.add_argument("--rate-unit", choices=list(RATE_UNITS), default=None, help="unit of the rates (default rad/s)")
     g.add_argument(
@@ -307,8 +314,9 @@ def write_output(cmd, opt, path, write) -> int | None:
 
 def load_paths(cmd, paths, args, progress: Progress | None = None, select=None):
     """Windows of every path in ``paths`` (warnings printed), or an exit code. ``--columns`` and
-    ``--length-unit`` go to the plain CSV files among them. Detected windows (no segments.csv)
-    are listed on stdout with their rows, as ``--segment`` counts them."""
+    ``--length-unit`` go to the plain CSV files among them, ``--topic`` to the ROS 2 bags.
+    Detected windows (no segments.csv) are listed on stdout with their rows, as ``--segment``
+    counts them."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
     for path in paths:
         if not Path(path).exists():
@@ -316,11 +324,17 @@ def load_paths(cmd, paths, args, progress: Progress | None = None, select=None):
     plain = [p for p in paths if plain_csv(p)]
     if (args.columns or args.length_unit) and not plain:
         return error(cmd, "--columns and --length-unit apply to plain CSV files; none of the paths is one")
+    topic = getattr(args, "topic", None)
+    bags = [p for p in paths if is_ros_bag(p)]
+    if topic is not None and not bags:
+        return error(cmd, "--topic applies to ROS 2 bags (rosbag2 folder, .mcap, .db3); none of the paths is one")
     segs = []
     for i, path in enumerate(paths):
         if progress is not None:
             progress.set_phase(f"loading {i + 1}/{len(paths)}: {path}")
         extra = dict(columns=args.columns, length_unit=args.length_unit) if path in plain else {}
+        if path in bags:
+            extra = dict(topic=topic)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             segs += load(path, **load_options(args), **extra)

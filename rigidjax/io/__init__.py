@@ -1,4 +1,4 @@
-"""Loaders for measured motion: phone apps' exports, plain CSV, motion capture, NPZ.
+"""Loaders for measured motion: phone apps' exports, ROS 2 bags, plain CSV, motion capture, NPZ.
 
 Every gyroscope loader returns a list of :class:`Segment`: one free-motion window each, with
 the MEASURED timestamps (nothing is resampled; models are compared at these times) and the
@@ -11,6 +11,10 @@ angular velocity in the sensor's BODY frame, in s and rad/s. Formats:
 - **Sensor Logger** (:mod:`rigidjax.io.sensorlogger`): folders or zips with ``Gyroscope.csv``
   (``time`` ns, ``seconds_elapsed``, ``z,y,x`` rad/s); ``Orientation.csv`` quaternions through
   :func:`load_sensor_logger_motion`.
+- **ROS 2 bags** (:mod:`rigidjax.io.ros`, optional extra ``rigidjax[ros]``): rosbag2 folders
+  (sqlite3 ``.db3`` or MCAP storage) or a bare ``.mcap`` / ``.db3`` file; one
+  ``sensor_msgs/msg/Imu`` topic (``angular_velocity``; ``orientation``, stored scalar last,
+  as ``[w, x, y, z]``); windows: the detected free flights.
 - **Any CSV** (:mod:`rigidjax.io.table`): a column map (``columns="t=Time,wx=gx,..."``) and
   units (``time_unit`` s/ms/us/ns, ``rate_unit`` rad/s or deg/s, ``length_unit`` m/cm/mm).
 - **Motion capture / pose CSV** (:func:`load_motion_csv` -> :class:`Motion`): time +
@@ -31,6 +35,7 @@ from pathlib import Path
 from ._base import DataError, Motion, Segment
 from .detect import DETECTED, WINDOWS, Flight, cut_flights, describe_windows, detect_flights
 from .phyphox import PHYPHOX_ABS, PHYPHOX_GYRO, PHYPHOX_TIME, RAW_DATA, has_phyphox, is_phyphox_zip, load_phyphox
+from .ros import IMU, ROS_EXTRA, imu_topics, is_ros_bag, load_ros
 from .sensorlogger import GYROSCOPE, ORIENTATION, is_sensor_logger, load_sensor_logger, load_sensor_logger_motion
 from .table import TARGETS, csv_quantities, load_csv, load_motion_csv, load_npz, parse_columns
 from .units import LENGTH_UNITS, RATE_UNITS, TIME_UNITS, check_plausible
@@ -43,6 +48,9 @@ __all__ = [
     "load_phyphox",
     "load_sensor_logger",
     "load_sensor_logger_motion",
+    "load_ros",
+    "is_ros_bag",
+    "imu_topics",
     "load_csv",
     "load_motion_csv",
     "load_npz",
@@ -65,6 +73,8 @@ __all__ = [
     "PHYPHOX_ABS",
     "GYROSCOPE",
     "ORIENTATION",
+    "IMU",
+    "ROS_EXTRA",
 ]
 
 
@@ -82,13 +92,16 @@ def load(
     length_unit: str | None = None,
     check_units: bool = True,
     windows: str = "auto",
+    topic: str | None = None,
 ) -> list[Segment]:
     """Load gyroscope segments from ``path``, dispatching on what it is.
 
     A folder -> every phyphox export (:func:`load_phyphox`) and every Sensor Logger export
     (:func:`load_sensor_logger`) in or below it; a ``.zip`` -> the export it holds;
     ``Raw Data.csv`` -> :func:`load_phyphox` on its folder; ``Gyroscope.csv`` ->
-    :func:`load_sensor_logger` on its folder; another ``.csv`` -> :func:`load_csv` (with
+    :func:`load_sensor_logger` on its folder; a ROS 2 bag (a folder whose ``metadata.yaml`` is
+    rosbag2's, a ``.mcap`` or ``.db3`` file) -> :func:`load_ros` (its Imu topic ``topic``, needs
+    ``pip install 'rigidjax[ros]'``); another ``.csv`` -> :func:`load_csv` (with
     ``columns``, ``length_unit``); ``.npz`` -> :func:`load_npz`. ``time_unit``/``rate_unit``
     override the format's units; ``check_units`` runs :func:`rigidjax.io.units.check_plausible`.
 
@@ -101,11 +114,13 @@ def load(
 
     Raises:
         DataError: the path does not exist, holds no recording, has an unknown suffix, or is
-            malformed; ``columns``/``length_unit`` given for a format that has fixed columns.
+            malformed; ``columns``/``length_unit`` given for a format that has fixed columns;
+            ``topic`` given for a path that is not a ROS 2 bag; ``time_unit``/``rate_unit`` for
+            a NPZ or a bag (s and rad/s by definition).
     """
     if windows not in WINDOWS:
         raise DataError(f"windows must be one of {WINDOWS}; got {windows!r}")
-    segs = _load(Path(path), keep_only, columns, time_unit, rate_unit, length_unit, check_units, windows)
+    segs = _load(Path(path), keep_only, columns, time_unit, rate_unit, length_unit, check_units, windows, topic)
     if windows == "detect" and any(s.comment != DETECTED for s in segs):  # plain CSV / NPZ: whole files
         segs = [w for s in segs for w in (cut_flights(s) if s.comment != DETECTED else [s])]
         if not segs:
@@ -113,7 +128,7 @@ def load(
     return segs
 
 
-def _load(p: Path, keep_only, columns, time_unit, rate_unit, length_unit, check_units, windows) -> list[Segment]:
+def _load(p: Path, keep_only, columns, time_unit, rate_unit, length_unit, check_units, windows, topic) -> list[Segment]:
     units = dict(time_unit=time_unit, rate_unit=rate_unit, check_units=check_units)
     apps = dict(keep_only=keep_only, windows=windows, **units)
     if not p.exists():
@@ -123,9 +138,16 @@ def _load(p: Path, keep_only, columns, time_unit, rate_unit, length_unit, check_
     if (columns or length_unit) and not generic:
         raise DataError(
             f"{p}: --columns and --length-unit apply to a plain CSV file; this is "
-            + ("a folder" if p.is_dir() else "an app export or NPZ")
+            + ("a folder" if p.is_dir() else "an app export, ROS 2 bag or NPZ")
             + " with fixed columns"
         )
+    ros = is_ros_bag(p)
+    if topic is not None and not ros:
+        raise DataError(f"{p}: --topic applies to a ROS 2 bag (a rosbag2 folder, .mcap or .db3); this is not one")
+    if ros:
+        if time_unit or rate_unit:
+            raise DataError(f"{p}: a ROS 2 bag is in s and rad/s; --time-unit and --rate-unit apply to CSV files")
+        return load_ros(p, topic=topic, check_units=check_units, windows=windows)
     if p.is_dir():
         segs: list[Segment] = []
         phyphox = has_phyphox(p)
@@ -137,7 +159,7 @@ def _load(p: Path, keep_only, columns, time_unit, rate_unit, length_unit, check_
         if not (phyphox or sensor_logger):
             raise DataError(
                 f"{p}: no recording found: no phyphox export ({RAW_DATA!r} or meta/) and no Sensor Logger "
-                f"export ({GYROSCOPE!r}) in it, below it or in a .zip"
+                f"export ({GYROSCOPE!r}) in it, below it or in a .zip; not a ROS 2 bag (no rosbag2 metadata.yaml)"
             )
         return segs
     suffix = p.suffix.lower()
@@ -158,5 +180,6 @@ def _load(p: Path, keep_only, columns, time_unit, rate_unit, length_unit, check_
             raise DataError(f"{p}: an NPZ is in s and rad/s; --time-unit and --rate-unit apply to CSV files")
         return load_npz(p, check_units=check_units)
     raise DataError(
-        f"{p}: unknown file type {p.suffix!r} (expected a phyphox or Sensor Logger folder or .zip, a .csv or a .npz)"
+        f"{p}: unknown file type {p.suffix!r} (expected a phyphox or Sensor Logger folder or .zip, a ROS 2 bag "
+        "folder, .mcap or .db3, a .csv or a .npz)"
     )
