@@ -176,13 +176,29 @@ class _Run:
 # ----------------------------------------------------------------------------- starts
 
 
+def _recording_guess(run: _Run, i: int):
+    """The equation-error estimate of all windows of window ``i``'s recording (one body,
+    usually), or ``None`` for a recording of one window. Cached per recording."""
+    cache = run.__dict__.setdefault("_recording_guesses", {})
+    src = run.segs[i].source
+    if src not in cache:
+        same = [s for s in run.segs if s.source == src]
+        cache[src] = equation_error_guess(same, run.spec) if len(same) > 1 else None
+    return cache[src]
+
+
 def _window_starts(run: _Run, i: int, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
     """``n`` chart starts (shared part) and ``R_ref`` for window ``i``: the equation-error
-    estimates of the full and of the simplest model, then random valid inertias."""
+    estimates of the full model on this window and on all windows of its recording (a
+    short or noisy window's own linear estimate can be far off: on the README demo one
+    started at 5e5 times the final cost and took 179 iterations), and of the simplest model
+    on this window, then random valid inertias."""
     spec = run.spec
     seg = run.segs[i]
     xs, Rs = [], []
     guesses = [equation_error_guess([seg], spec)]
+    if (g := _recording_guess(run, i)) is not None:
+        guesses.append(g)
     if spec.tensor or spec.drag:
         g = equation_error_guess([seg], Spec(False, None, False))
         if g is not None:
