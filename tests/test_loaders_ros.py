@@ -51,10 +51,11 @@ def _recording(seed=0):
     return t, omega, q, f, flight
 
 
-def _write_bag(path, topics, *, storage="mcap", zero_stamps=False, bad=None):
+def _write_bag(path, topics, *, storage="mcap", zero_stamps=False, bad=None, no_orientation=False):
     """A rosbag2 folder at ``path``: ``topics`` ``{name: (t, omega, q, f)}`` as
     ``sensor_msgs/msg/Imu`` (``q`` ``[w, x, y, z]`` written x, y, z, w), or ``{name: None}`` for
-    a ``std_msgs/msg/String`` topic; ``bad = (topic, message, field)`` puts NaN in one field."""
+    a ``std_msgs/msg/String`` topic; ``bad = (topic, message, field)`` puts NaN in one field;
+    ``no_orientation``: the message's "no estimate" mark (zero quaternion, covariance[0] = -1)."""
     from rosbags.rosbag2 import StoragePlugin, Writer
     from rosbags.typesys import Stores, get_typestore
 
@@ -76,12 +77,16 @@ def _write_bag(path, topics, *, storage="mcap", zero_stamps=False, bad=None):
                 if bad is not None and bad[:2] == (name, i):
                     w[bad[2]] = np.nan
                 sec, nsec = divmod(0 if zero_stamps else stamp, 1_000_000_000)
+                if no_orientation:
+                    q = np.zeros(4)
+                q_cov = np.zeros(9)
+                q_cov[0] = -1.0 if no_orientation else 0.0
                 msg = T[IMU](
                     header=T["std_msgs/msg/Header"](
                         stamp=T["builtin_interfaces/msg/Time"](sec=sec, nanosec=nsec), frame_id="imu_link"
                     ),
                     orientation=T["geometry_msgs/msg/Quaternion"](x=q[1], y=q[2], z=q[3], w=q[0]),
-                    orientation_covariance=np.zeros(9),
+                    orientation_covariance=q_cov,
                     angular_velocity=T["geometry_msgs/msg/Vector3"](x=w[0], y=w[1], z=w[2]),
                     angular_velocity_covariance=np.zeros(9),
                     linear_acceleration=T["geometry_msgs/msg/Vector3"](x=f[0], y=f[1], z=f[2]),
@@ -123,12 +128,15 @@ def test_bag_folder_and_storage_file(rosbags, tmp_path, storage):
     np.testing.assert_array_equal(alone.orientation, whole.orientation)
 
 
-def test_zero_stamps_use_receive_time(rosbags, tmp_path):
+def test_zero_stamps_and_no_orientation(rosbags, tmp_path):
+    """Stamps all zero: the bag's receive times; orientation marked absent: ``None``."""
     t, omega, q, f, _ = _recording()
-    bag = _write_bag(tmp_path / "b", {"/imu": (t, omega, q, f)}, zero_stamps=True)
+    bag = _write_bag(tmp_path / "b", {"/imu": (t, omega, q, f)}, zero_stamps=True, no_orientation=True)
     (seg,) = load(bag, windows="file")
     latency = 2e-3 + 37e-6 * (np.arange(len(t)) % 3)
     np.testing.assert_allclose(seg.t, (t + latency) - latency[0], rtol=0, atol=2e-9)
+    assert seg.orientation is None
+    np.testing.assert_array_equal(seg.omega, omega)
 
 
 def test_topics_chosen_or_listed(rosbags, tmp_path):
