@@ -18,7 +18,6 @@ from ._model import (
     V_MAX,
     Spec,
     chart_theta,
-    equation_error_guess,
     noise_and_signal,
     pad,
     pad_length,
@@ -30,6 +29,7 @@ from ._model import (
     theta_phys,
 )
 from ._problems import Batch
+from ._starts import window_starts
 from ._result import FitStatus
 
 #: Fewer samples than this in a window: too few to determine inertia ratios (not fitted).
@@ -176,48 +176,6 @@ class _Run:
 # ----------------------------------------------------------------------------- starts
 
 
-def _recording_guess(run: _Run, i: int):
-    """The equation-error estimate of all windows of window ``i``'s recording (one body,
-    usually), or ``None`` for a recording of one window. Cached per recording."""
-    cache = run.__dict__.setdefault("_recording_guesses", {})
-    src = run.segs[i].source
-    if src not in cache:
-        same = [s for s in run.segs if s.source == src]
-        cache[src] = equation_error_guess(same, run.spec) if len(same) > 1 else None
-    return cache[src]
-
-
-def _window_starts(run: _Run, i: int, n: int, rng) -> tuple[np.ndarray, np.ndarray]:
-    """``n`` chart starts (shared part) and ``R_ref`` for window ``i``: the equation-error
-    estimates of the full model on this window and on all windows of its recording (a
-    short or noisy window's own linear estimate can be far off: on the README demo one
-    started at 5e5 times the final cost and took 179 iterations), and of the simplest model
-    on this window, then random valid inertias."""
-    spec = run.spec
-    seg = run.segs[i]
-    xs, Rs = [], []
-    guesses = [equation_error_guess([seg], spec)]
-    if (g := _recording_guess(run, i)) is not None:
-        guesses.append(g)
-    if spec.tensor or spec.drag:
-        g = equation_error_guess([seg], Spec(False, None, False))
-        if g is not None:
-            th = np.zeros(spec.n_theta)
-            th[:3] = g[:3]
-            th[spec.n_icomp :] = 0.01 * np.trace(np.diag(g[:3]))
-            guesses.append(th)
-    for g in guesses[:n]:
-        if g is not None:
-            x, R = theta_chart(g, spec)
-            xs.append(x[0])
-            Rs.append(R[0])
-    if len(xs) < n:
-        x, R = random_chart(rng, n - len(xs), spec)
-        xs += list(x)
-        Rs += list(R)
-    return np.array(xs[:n]), np.array(Rs[:n])
-
-
 def _full_x(run: _Run, shared: np.ndarray, windows: np.ndarray, *, bias=None, w0=None) -> np.ndarray:
     """Per-window problem vectors ``[shared | bias | omega0]`` (omega0: first sample by default)."""
     n = shared.shape[0]
@@ -249,7 +207,7 @@ def _fit_windows(run: _Run, wins: np.ndarray, k: np.ndarray, starts: int) -> dic
     rng = np.random.default_rng(run.seed)
     xs, Rs, owner = [], [], []
     for j, i in enumerate(wins):
-        x, R = _window_starts(run, i, starts, rng)
+        x, R = window_starts(run, i, starts, rng)
         xs.append(_full_x(run, x, np.full(len(x), i)))
         Rs.append(R)
         owner += [j] * len(x)
