@@ -294,8 +294,10 @@ def test_ep_compound_pendulum_pivot_distance_and_moment():
     )
     # generalized-alpha under a load held per sample interval is first order in the step (each
     # jump of the load leaves its acceleration-like variable inconsistent): the step-error check
-    # measures the bias it leaves (~2 se of Ixx at 16 steps per sample), which the assertion adds
-    f = identify.fit(problem, starts=2, step_check="report")
+    # measures the bias it leaves (~2 se of Ixx at 16 steps per sample), which the assertion adds.
+    # One start: what is checked is the optimum's values, not the multi-start search (tests (a),
+    # (b), (e)); a second start doubled the optimiser's rollouts of 4800 Euler-parameter steps
+    f = identify.fit(problem, starts=1, step_check="report")
     print(f)
     # the optimum of the discrete model, whose values the step error moves by more than 0.3 se
     assert f.status == identify.FitStatus.STEP_ERROR and "raise Problem.substeps" in f.message, f.message
