@@ -277,11 +277,15 @@ def _evaluator(problems, layout, dtype, N: int, starts: int):
     jac_all = _program(problems[0], layout, dtype)
     batch = len(problems) * starts
     call = _caller(jac_all, arrays, dtype)
-    # float64: J^T J and J^T r formed in the program (what the optimiser needs: (P, P) per
-    # row instead of the (m, P) Jacobian, m = samples x components); float32: from the
-    # Jacobian in float64 on the host (J^T J squares the condition number)
+    # float64 with several problems or a large Jacobian: J^T J and J^T r formed in the program
+    # (what the optimiser needs: (P, P) per row instead of the (m, P) Jacobian, m = samples x
+    # components); otherwise from the Jacobian on the host, in float64 (float32: J^T J squares
+    # the condition number): one program fewer to trace and compile (test (d), the EP pendulum:
+    # ~70 s of a ~165 s fit), for a transfer of at most ~32 MB per iteration (3 components
+    # per sample taken as the estimate of m)
     normal = None
-    if jnp.dtype(dtype) == jnp.float64:
+    big = batch * N * 3 * len(layout.lo) > 4e6
+    if jnp.dtype(dtype) == jnp.float64 and (len(problems) > 1 or big):
         normal = _caller(_program(problems[0], layout, dtype, jacobian="normal"), arrays, dtype)
 
     def padded_run(X, which, rows):
