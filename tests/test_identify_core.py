@@ -12,6 +12,7 @@ import pytest
 from scipy import optimize, stats
 
 from rigidjax.identify import _combine, _derived, _lm
+from rigidjax.identify._model import SMALL_LANES, lane_chunks
 
 
 def _linear_problem(M, y):
@@ -43,6 +44,34 @@ def test_bounded_lm_matches_scipy_lsq_linear():
     assert np.all(st["x"][:, 0] == 1.0) and np.all(st["x"][:, 1] == 0.0) and np.all(st["x"][:, 3] == 1.5)
     # and the decrement of the projected gradient is what says so
     assert np.all(st["opt"] < 1e-10)
+
+
+def test_bounded_lm_holds_a_variable_whose_step_points_out_of_the_box():
+    # x0 sits at its upper bound 0 and its gradient frees it (g0 > 0), yet through the strong
+    # coupling (H01 = 0.95) the Gauss-Newton step still pushes it out of the box. The step must
+    # be solved again with x0 held: clipping it instead gives a step with negative predicted
+    # decrease (0.5 x1^2 - H01 x1 < 0 at x1 = 1.5), and the damping climbs and falls
+    # (7 iterations here before the fix; ~200 near the racquet's thin-plate edge).
+    H = np.array([[1.0, 0.95], [0.95, 1.0]])
+    M = np.linalg.cholesky(H).T
+    y = M @ np.array([1.0, 0.0])
+    lo, hi = np.array([[-np.inf, -np.inf]]), np.array([[0.0, np.inf]])
+    st = _lm.solve(_linear_problem(M, y), np.array([[0.0, 1.5]]), np.array([0]), lo, hi, eps=2.2e-16, max_steps=50)
+    ref = optimize.lsq_linear(M, y, bounds=([-np.inf, -np.inf], [0.0, np.inf]), tol=1e-14)
+    assert st["status"][0] == _lm.LMStatus.CONVERGED
+    assert st["it"][0] <= 3
+    # converged means a relative decrement below 1e-10: x1 within ~1e-6 of the optimum 0.95
+    np.testing.assert_allclose(st["x"][0], ref.x, atol=1e-5)
+    assert st["x"][0, 0] == 0.0  # exactly at the bound
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 8, 9, 31, 32, 33, 40, 100])
+def test_lane_chunks_cover_every_lane_once_in_two_call_shapes(n):
+    chunks = lane_chunks(n, 32)
+    covered = np.concatenate([np.arange(c0, min(c0 + q, n)) for c0, q in chunks])
+    np.testing.assert_array_equal(covered, np.arange(n))
+    assert {q for _, q in chunks} <= {32, SMALL_LANES}
+    assert sum(q for _, q in chunks) - n < 32  # padding below one large call
 
 
 def test_bounded_lm_matches_scipy_trf_on_a_nonlinear_problem():
