@@ -532,3 +532,12 @@ def test_wrong_local_minimum_is_recovered_on_real_flips(racquet_dir):
         assert 5 < e["Ix/Iy"] < e["Iz/Iy"] < 30, (s["name"], e)
         assert e["drag/Iy"] >= 0
     assert fit.converged
+
+
+def test_multistart_check_of_a_fit_without_fitted_windows_is_empty():
+    # windows of 9 samples are unidentifiable before any fitting: nothing to search
+    t = np.linspace(0.0, 0.08, 9)
+    seg = Segment(t=t, omega=np.random.default_rng(0).normal(size=(9, 3)))
+    fit = fit_inertia([seg])
+    assert fit.status == FitStatus.UNIDENTIFIABLE
+    assert multistart_check(fit) == []

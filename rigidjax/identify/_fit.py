@@ -171,8 +171,9 @@ def fit_inertia(
             raise FitError(
                 f"{_label(s, i)}: {s.n} samples over {s.duration:.3g} s: longer than the free-flight bound "
                 f"(max_duration={max_duration:g} s, max_samples={max_samples}). A torque-free fit needs windows of "
-                "free flight (a toss: about a second); split the recording into windows (meta/segments.csv) or raise "
-                "the bound (--max-duration / --max-samples) if this really is torque-free motion"
+                "free flight (a toss: about a second); split the recording into windows (meta/segments.csv), let "
+                "rigidjax find the free flights (--windows detect; rigidjax.io.load(path, windows='detect')), or "
+                "raise the bound (--max-duration / --max-samples) if this really is torque-free motion"
             )
     peak = [float(np.max(np.linalg.norm(s.omega, axis=1))) if s.n else 0.0 for s in segs]
     fast = [i for i in range(len(segs)) if peak[i] > max_rate]

@@ -400,7 +400,8 @@ def multistart_check(
     more starts), not part of it: what it reports should be the minimum.
 
     Returns:
-        Per fitted window: ``name``, ``reported_cost`` and ``best_cost`` (1/2 RSS, rad^2/s^2),
+        A list, one dict per fitted window (empty where no window was fitted): ``name``,
+        ``reported_cost`` and ``best_cost`` (1/2 RSS, rad^2/s^2),
         ``excess`` (``reported / best - 1``: > 0 where a start found a lower cost),
         ``best_estimates`` (Ix/Iy, Iz/Iy of the best start), ``hits`` (starts within 0.5 % of
         the best) and ``n_starts``.
@@ -409,6 +410,8 @@ def multistart_check(
     segs = fit._data
     rows = fit.segments
     wins = np.array([i for i, r in enumerate(rows) if r.get("rms") is not None and "estimates" in r and r["estimates"]])
+    if wins.size == 0:  # nothing was fitted (every window unidentifiable or not free): nothing to search
+        return []
     run = _Run(segs, spec, None, seed=seed, max_steps=max_steps, phase1_steps=0, progress=progress)
     k = np.asarray(fit._model["substeps"], np.int32)
     theta = np.array(fit._model["theta"])
