@@ -9,7 +9,9 @@ Newton method and Kanzow, Yamashita & Fukushima, J. Comput. Appl. Math. 172, 200
 
 * active set: a variable at a bound whose gradient points out of the box (``x_i = lo_i``,
   ``g_i > 0``, or ``x_i = hi_i``, ``g_i < 0``) is held there for this iteration;
-* step on the free variables: ``(A_FF + lambda diag(A_FF)) h_F = -g_F`` (Marquardt scaling),
+* step on the free variables: ``(A_FF + lambda diag(A_FF)) h_F = -g_F`` (Marquardt scaling);
+  a free variable at a bound whose step ``h_i`` points out of the box is held too and the step
+  solved again (clipping it would leave a step the model does not predict),
   trial point ``P(x + h)`` (``P`` the projection onto the box, so a bound is reached
   EXACTLY: a thin plate is ``I_z = I_x + I_y`` to the last bit, not ``s^2 -> 0``);
 * acceptance by the ratio of the actual decrease to the Gauss-Newton model's decrease
