@@ -2,8 +2,11 @@
 import, one rollout per stepper with a gradient through it (the sum of squares of the final
 state's last leaf: angular velocity, velocities or momenta), an ensemble, a pendulum fit
 (optimistix), and the fit command on its embedded default input with --json and --plot
-(pandas, matplotlib). Exits non-zero on any failure."""
+(pandas, matplotlib), twice: the second run loads the stored programs (jax.export,
+flatbuffers) and gives the same JSON. Exits non-zero on any failure."""
 
+import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -52,10 +55,19 @@ assert pend.converged and abs(pend.omega0 - 4.4) < 1e-3, pend
 print("pendulum fit ok")
 with tempfile.TemporaryDirectory() as d:
     out = pathlib.Path(d)
-    code = subprocess.call([
-        sys.executable, "-m", "rigidjax", "fit", "--tosses", "3", "--starts", "2", "--quiet",
-        "--json", str(out / "fit.json"), "--plot", str(out / "fit.png"),
-    ])
-    assert code == 0, f"rigidjax fit exited {code}"
-    assert (out / "fit.json").stat().st_size > 0 and (out / "fit.png").read_bytes()[:4] == b"\x89PNG"
+    # twice, with the caches in the temporary folder: the second run loads the stored programs
+    # (jax.export with flatbuffers) and must give the same JSON
+    env = dict(os.environ, XDG_CACHE_HOME=str(out / "cache"))
+    for run in (1, 2):
+        p = subprocess.run([
+            sys.executable, "-m", "rigidjax", "fit", "--tosses", "3", "--starts", "2", "--quiet",
+            "--json", str(out / f"fit{run}.json"), "--plot", str(out / "fit.png"),
+        ], env=env, capture_output=True, text=True)
+        assert p.returncode == 0, f"rigidjax fit exited {p.returncode}: {p.stderr}"
+        assert "not stored" not in p.stderr and "cannot read" not in p.stderr, p.stderr
+    assert (out / "fit.png").read_bytes()[:4] == b"\x89PNG"
+    assert list((out / "cache" / "rigidjax" / "programs").glob("*.jaxexport")), "no program stored"
+    j1, j2 = (json.loads((out / f"fit{r}.json").read_text()) for r in (1, 2))
+    for key in ("status", "rms", "estimates", "uncertainties", "intervals", "covariance", "inertia"):
+        assert j1[key] == j2[key], f"the second run's {key} differs"
 print("smoke: all ok")

@@ -11,6 +11,7 @@ import time
 import warnings
 from pathlib import Path
 
+from ..identify import _stored
 from ..io import LENGTH_UNITS, RATE_UNITS, TIME_UNITS, WINDOWS, describe_windows, is_ros_bag, load
 
 __all__ = [
@@ -70,8 +71,10 @@ def compilation_cache_dir(no_cache: bool = False, environ=None) -> Path | None:
 
 def enable_compilation_cache(no_cache: bool = False) -> Path | None:
     """Point JAX's persistent compilation cache at :func:`compilation_cache_dir` (the command
-    line only: the library never changes global JAX configuration). Programs compiling in less
-    than :data:`CACHE_MIN_COMPILE_S` are not stored. Returns the folder, or ``None`` (off, or
+    line only: the library never changes global JAX configuration), and keep the fit's traced
+    programs beside it (``programs/``, :mod:`rigidjax.identify._stored`: a repeated run neither
+    traces nor compiles them). Programs compiling in less than :data:`CACHE_MIN_COMPILE_S` are
+    not stored in the compilation cache. Returns the folder, or ``None`` (off, or
     the folder cannot be created: a warning, and the run goes on without the cache)."""
     import jax
 
@@ -86,6 +89,7 @@ def enable_compilation_cache(no_cache: bool = False) -> Path | None:
     jax.config.update("jax_compilation_cache_dir", str(d))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", CACHE_MIN_COMPILE_S)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    _stored.set_folder(d.parent / "programs")
     return d
 
 

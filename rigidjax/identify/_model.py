@@ -42,6 +42,7 @@ from scipy.spatial.transform import Rotation
 
 from ..midpoint import angular_velocity_step
 from ..reference import euler_omega
+from ._stored import stored
 
 DRAG_KINDS = (None, "isotropic", "diagonal")
 #: Edge of the search: the second moment ``v`` (about the largest moment ratio) at most this.
@@ -360,13 +361,13 @@ def evaluator(spec: Spec):
         ok = jnp.isfinite(rss) & jnp.all(jnp.isfinite(A)) & jnp.all(jnp.isfinite(g))
         return A, g, rss, ok
 
-    return jax.jit(jax.vmap(lane))
+    return stored(jax.jit(jax.vmap(lane)), ("evaluator", spec))
 
 
 @functools.lru_cache(maxsize=16)
 def simulator(spec: Spec):
     """Jitted, vmapped: ``(theta (Q, n_theta), w0 (Q, 3), dt (Q, N-1), k (Q,)) -> omega (Q, N, 3)``."""
-    return jax.jit(jax.vmap(lambda theta, w0, dt, k: _trajectory(theta, w0, dt, k, spec)))
+    return stored(jax.jit(jax.vmap(lambda theta, w0, dt, k: _trajectory(theta, w0, dt, k, spec))), ("simulator", spec))
 
 
 def lanes(n_pad: int) -> int:

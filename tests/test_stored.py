@@ -1,0 +1,105 @@
+"""The on-disk store of traced programs (rigidjax.identify._stored): a second process-level
+"run" (a fresh wrapper, as after a restart) loads the program instead of tracing it, gives
+bit-identical results, and a damaged or stale file never changes a result."""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rigidjax.identify import _stored
+from rigidjax.identify._model import Spec, evaluator
+
+
+@pytest.fixture
+def folder(tmp_path):
+    _stored.set_folder(tmp_path / "programs")
+    yield tmp_path / "programs"
+    _stored.set_folder(None)
+
+
+def _counting():
+    traces = []
+
+    def f(x, y):
+        traces.append(1)  # runs only while tracing
+        return jnp.sin(x) @ y, jnp.sum(x * x)
+
+    return jax.jit(f), traces
+
+
+def test_second_wrapper_loads_instead_of_tracing(folder):
+    x = np.linspace(0.0, 1.0, 12).reshape(3, 4)
+    y = np.arange(4.0)
+    direct = jax.jit(lambda x, y: (jnp.sin(x) @ y, jnp.sum(x * x)))(x, y)
+    f1, t1 = _counting()
+    out1 = _stored.stored(f1, "test-f")(x, y)
+    assert len(t1) == 1 and len(list(folder.glob("*.jaxexport"))) == 1
+    f2, t2 = _counting()  # what a new process builds
+    out2 = _stored.stored(f2, "test-f")(x, y)
+    assert t2 == []  # loaded, not traced
+    for a, b, c in zip(out1, out2, direct):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-14)
+    # another signature is another program
+    _stored.stored(f2, "test-f")(x[:2], y)
+    assert len(t2) == 1 and len(list(folder.glob("*.jaxexport"))) == 2
+
+
+def test_damaged_file_is_traced_again_with_a_warning(folder):
+    x, y = np.ones((2, 3)), np.ones(3)
+    f1, _ = _counting()
+    ref = _stored.stored(f1, "test-g")(x, y)
+    (path,) = folder.glob("*.jaxexport")
+    path.write_bytes(b"not a program")
+    f2, t2 = _counting()
+    with pytest.warns(UserWarning, match="cannot read the stored program"):
+        out = _stored.stored(f2, "test-g")(x, y)
+    assert len(t2) == 1
+    np.testing.assert_array_equal(np.asarray(out[0]), np.asarray(ref[0]))
+    f3, t3 = _counting()  # the damaged file was replaced
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _stored.stored(f3, "test-g")(x, y)
+    assert t3 == []
+
+
+def test_stale_fingerprint_files_removed(folder):
+    folder.mkdir(parents=True)
+    stale = folder / ("0" * 16 + "-old.jaxexport")
+    stale.write_bytes(b"x")
+    f, _ = _counting()
+    _stored.stored(f, "test-h")(np.ones((2, 2)), np.ones(2))
+    assert not stale.exists()
+
+
+def test_off_by_default_and_evaluator_equal(tmp_path):
+    """Without a folder nothing is written; with one, the inertia evaluator's results are
+    bit-identical between the run that exports it and the run that loads it."""
+    assert _stored.folder() is None
+    spec = Spec(tensor=False, drag=None, bias=True)
+    Q, N = 2, 8
+    rng = np.random.default_rng(0)
+    args = (
+        np.array([[1.0, 1.3, 1.7][: spec.n_theta]] * Q),
+        rng.normal(size=(Q, 3)),
+        np.zeros((Q, 3)),
+        rng.normal(size=(Q, N, 3)),
+        np.ones((Q, N)),
+        np.full((Q, N - 1), 0.01),
+        np.ones(Q, np.int32),
+    )
+    plain = evaluator(spec)(*args)
+    assert not any(tmp_path.iterdir())
+    _stored.set_folder(tmp_path)
+    try:
+        first = _stored.stored(evaluator(spec).jitted, ("evaluator", spec))(*args)
+        second = _stored.stored(evaluator(spec).jitted, ("evaluator", spec))(*args)
+    finally:
+        _stored.set_folder(None)
+    for a, b, c in zip(first, second, plain):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        # the exported program and the plain jit compile the same StableHLO: equal to round-off
+        np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-12, atol=1e-12)
