@@ -1,4 +1,4 @@
-"""Loaders for measured motion: phone apps' exports, ROS 2 bags, plain CSV, motion capture, NPZ.
+"""Loaders for measured motion: phone apps' exports, ROS bags, plain CSV, motion capture, NPZ.
 
 Every gyroscope loader returns a list of :class:`Segment`: one free-motion window each, with
 the MEASURED timestamps (nothing is resampled; models are compared at these times) and the
@@ -11,10 +11,11 @@ angular velocity in the sensor's BODY frame, in s and rad/s. Formats:
 - **Sensor Logger** (:mod:`rigidjax.io.sensorlogger`): folders or zips with ``Gyroscope.csv``
   (``time`` ns, ``seconds_elapsed``, ``z,y,x`` rad/s); ``Orientation.csv`` quaternions through
   :func:`load_sensor_logger_motion`.
-- **ROS 2 bags** (:mod:`rigidjax.io.ros`, optional extra ``rigidjax[ros]``): rosbag2 folders
-  (sqlite3 ``.db3`` or MCAP storage) or a bare ``.mcap`` / ``.db3`` file; one
-  ``sensor_msgs/msg/Imu`` topic (``angular_velocity``; ``orientation``, stored scalar last,
-  as ``[w, x, y, z]``); windows: the detected free flights.
+- **ROS 1 and ROS 2 bags** (:mod:`rigidjax.io.ros`, optional extra ``rigidjax[ros]``):
+  rosbag2 folders (sqlite3 ``.db3`` or MCAP storage), a bare ``.mcap`` / ``.db3`` file, ROS 1
+  ``.bag`` files, folders of any of them (each bag a recording); one ``sensor_msgs/msg/Imu``
+  topic per bag (``angular_velocity``; ``orientation``, stored scalar last, as
+  ``[w, x, y, z]``); windows: the detected free flights.
 - **Any CSV** (:mod:`rigidjax.io.table`): a column map (``columns="t=Time,wx=gx,..."``) and
   units (``time_unit`` s/ms/us/ns, ``rate_unit`` rad/s or deg/s, ``length_unit`` m/cm/mm).
 - **Motion capture / pose CSV** (:func:`load_motion_csv` -> :class:`Motion`): time +
@@ -35,7 +36,7 @@ from pathlib import Path
 from ._base import DataError, Motion, Segment
 from .detect import DETECTED, WINDOWS, Flight, cut_flights, describe_windows, detect_flights
 from .phyphox import PHYPHOX_ABS, PHYPHOX_GYRO, PHYPHOX_TIME, RAW_DATA, has_phyphox, is_phyphox_zip, load_phyphox
-from .ros import IMU, ROS_EXTRA, imu_topics, is_ros_bag, load_ros
+from .ros import IMU, ROS_EXTRA, find_ros_bags, has_ros_bags, imu_topics, is_ros_bag, load_ros
 from .sensorlogger import GYROSCOPE, ORIENTATION, is_sensor_logger, load_sensor_logger, load_sensor_logger_motion
 from .table import TARGETS, csv_quantities, load_csv, load_motion_csv, load_npz, parse_columns
 from .units import LENGTH_UNITS, RATE_UNITS, TIME_UNITS, check_plausible
@@ -50,6 +51,8 @@ __all__ = [
     "load_sensor_logger_motion",
     "load_ros",
     "is_ros_bag",
+    "find_ros_bags",
+    "has_ros_bags",
     "imu_topics",
     "load_csv",
     "load_motion_csv",
@@ -96,12 +99,13 @@ def load(
 ) -> list[Segment]:
     """Load gyroscope segments from ``path``, dispatching on what it is.
 
-    A folder -> every phyphox export (:func:`load_phyphox`) and every Sensor Logger export
-    (:func:`load_sensor_logger`) in or below it; a ``.zip`` -> the export it holds;
-    ``Raw Data.csv`` -> :func:`load_phyphox` on its folder; ``Gyroscope.csv`` ->
-    :func:`load_sensor_logger` on its folder; a ROS 2 bag (a folder whose ``metadata.yaml`` is
-    rosbag2's, a ``.mcap`` or ``.db3`` file) -> :func:`load_ros` (its Imu topic ``topic``, needs
-    ``pip install 'rigidjax[ros]'``); another ``.csv`` -> :func:`load_csv` (with
+    A folder -> every phyphox export (:func:`load_phyphox`), every Sensor Logger export
+    (:func:`load_sensor_logger`) and every ROS bag (:func:`load_ros`) in or below it, in this
+    order; a ``.zip`` -> the export it holds; ``Raw Data.csv`` -> :func:`load_phyphox` on its
+    folder; ``Gyroscope.csv`` -> :func:`load_sensor_logger` on its folder; a ROS bag (a folder
+    whose ``metadata.yaml`` is rosbag2's, a ``.mcap`` or ``.db3`` file, a ROS 1 ``.bag`` file)
+    -> :func:`load_ros` (its Imu topic ``topic``, needs ``pip install 'rigidjax[ros]'``);
+    another ``.csv`` -> :func:`load_csv` (with
     ``columns``, ``length_unit``); ``.npz`` -> :func:`load_npz`. ``time_unit``/``rate_unit``
     override the format's units; ``check_units`` runs :func:`rigidjax.io.units.check_plausible`.
 
@@ -115,8 +119,8 @@ def load(
     Raises:
         DataError: the path does not exist, holds no recording, has an unknown suffix, or is
             malformed; ``columns``/``length_unit`` given for a format that has fixed columns;
-            ``topic`` given for a path that is not a ROS 2 bag; ``time_unit``/``rate_unit`` for
-            a NPZ or a bag (s and rad/s by definition).
+            ``topic`` given for a path that is not a ROS bag or holds none; ``time_unit``/
+            ``rate_unit`` for a NPZ or a bag (s and rad/s by definition).
     """
     if windows not in WINDOWS:
         raise DataError(f"windows must be one of {WINDOWS}; got {windows!r}")
@@ -138,15 +142,19 @@ def _load(p: Path, keep_only, columns, time_unit, rate_unit, length_unit, check_
     if (columns or length_unit) and not generic:
         raise DataError(
             f"{p}: --columns and --length-unit apply to a plain CSV file; this is "
-            + ("a folder" if p.is_dir() else "an app export, ROS 2 bag or NPZ")
+            + ("a folder" if p.is_dir() else "an app export, ROS bag or NPZ")
             + " with fixed columns"
         )
     ros = is_ros_bag(p)
-    if topic is not None and not ros:
-        raise DataError(f"{p}: --topic applies to a ROS 2 bag (a rosbag2 folder, .mcap or .db3); this is not one")
+    bags = ros or (p.is_dir() and has_ros_bags(p))
+    if topic is not None and not bags:
+        raise DataError(
+            f"{p}: --topic applies to a ROS bag (a rosbag2 folder, .mcap, .db3 or .bag) or a folder of them; "
+            "this is neither"
+        )
     if ros:
         if time_unit or rate_unit:
-            raise DataError(f"{p}: a ROS 2 bag is in s and rad/s; --time-unit and --rate-unit apply to CSV files")
+            raise DataError(f"{p}: a ROS bag is in s and rad/s; --time-unit and --rate-unit apply to CSV files")
         return load_ros(p, topic=topic, check_units=check_units, windows=windows)
     if p.is_dir():
         segs: list[Segment] = []
@@ -156,10 +164,15 @@ def _load(p: Path, keep_only, columns, time_unit, rate_unit, length_unit, check_
             segs += load_phyphox(p, **apps)
         if sensor_logger:
             segs += load_sensor_logger(p, **apps)
-        if not (phyphox or sensor_logger):
+        if bags:
+            if (time_unit or rate_unit) and not (phyphox or sensor_logger):
+                raise DataError(f"{p}: its ROS bags are in s and rad/s; --time-unit and --rate-unit apply to CSV files")
+            segs += load_ros(p, topic=topic, check_units=check_units, windows=windows)
+        if not (phyphox or sensor_logger or bags):
             raise DataError(
-                f"{p}: no recording found: no phyphox export ({RAW_DATA!r} or meta/) and no Sensor Logger "
-                f"export ({GYROSCOPE!r}) in it, below it or in a .zip; not a ROS 2 bag (no rosbag2 metadata.yaml)"
+                f"{p}: no recording found: no phyphox export ({RAW_DATA!r} or meta/), no Sensor Logger export "
+                f"({GYROSCOPE!r}) in it, below it or in a .zip, and no ROS bag (a rosbag2 folder with its "
+                "metadata.yaml, a .mcap, .db3 or .bag file)"
             )
         return segs
     suffix = p.suffix.lower()
@@ -181,5 +194,5 @@ def _load(p: Path, keep_only, columns, time_unit, rate_unit, length_unit, check_
         return load_npz(p, check_units=check_units)
     raise DataError(
         f"{p}: unknown file type {p.suffix!r} (expected a phyphox or Sensor Logger folder or .zip, a ROS 2 bag "
-        "folder, .mcap or .db3, a .csv or a .npz)"
+        "folder, .mcap or .db3, a ROS 1 .bag, a .csv or a .npz)"
     )

@@ -1,9 +1,12 @@
-"""ROS 2 bags with ``sensor_msgs/msg/Imu`` messages, read through the ``rosbags`` package
-(optional: ``pip install 'rigidjax[ros]'``).
+"""ROS 1 and ROS 2 bags with ``sensor_msgs/msg/Imu`` messages, read through the ``rosbags``
+package (optional: ``pip install 'rigidjax[ros]'``).
 
 A bag is a rosbag2 folder (``metadata.yaml`` beside its sqlite3 ``.db3`` or ``.mcap`` storage
-files) or one storage file alone (a bare ``.mcap`` or ``.db3``). One topic of type
-``sensor_msgs/msg/Imu`` is read (the only one, or the one named by ``topic``); of each message:
+files), one ROS 2 storage file alone (a bare ``.mcap`` or ``.db3``), or a ROS 1 ``.bag`` file
+(``sensor_msgs/Imu``: the same fields). A folder that is not a bag itself is searched for bags
+in and below it (:func:`find_ros_bags`): each one found is a recording of its own, loaded in the
+order of their paths, as folders of app exports are. One topic of type ``sensor_msgs/msg/Imu``
+is read per bag (its only one, or the one named by ``topic``); of each message:
 
     header.stamp          sec + nanosec: the sample time (differenced as integer ns). When every
                           stamp is zero (drivers that leave the header empty) the bag's receive
@@ -24,6 +27,7 @@ windows are the free flights detected from the rate, as for app exports without 
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
@@ -33,12 +37,24 @@ from ._base import DataError, Segment
 from .detect import WINDOWS, cut_flights
 from .units import check_plausible
 
-__all__ = ["IMU", "ROS_SUFFIXES", "ROS_EXTRA", "is_ros_bag", "imu_topics", "load_ros"]
+__all__ = [
+    "IMU",
+    "ROS_SUFFIXES",
+    "ROS1_SUFFIX",
+    "ROS_EXTRA",
+    "is_ros_bag",
+    "find_ros_bags",
+    "has_ros_bags",
+    "imu_topics",
+    "load_ros",
+]
 
-#: the message type read
+#: the message type read (rosbags names ROS 1's ``sensor_msgs/Imu`` so too)
 IMU = "sensor_msgs/msg/Imu"
-#: storage files read alone
-ROS_SUFFIXES = (".mcap", ".db3")
+#: a ROS 1 bag file
+ROS1_SUFFIX = ".bag"
+#: bag files read alone: ROS 2 storage files and ROS 1 bags
+ROS_SUFFIXES = (".mcap", ".db3", ROS1_SUFFIX)
 #: how to install what reading a bag needs
 ROS_EXTRA = "pip install 'rigidjax[ros]'"
 _METADATA = "metadata.yaml"
@@ -46,37 +62,82 @@ _BAG_KEY = "rosbag2_bagfile_information"  # the top-level key of a rosbag2 metad
 _UNIT_TOL = 1e-3  # |q| off 1 by more is refused (as the CSV loaders do)
 
 
+def _is_rosbag2_folder(p: Path) -> bool:
+    try:
+        return _BAG_KEY in (p / _METADATA).read_text(errors="replace")
+    except OSError:
+        return False
+
+
 def is_ros_bag(path) -> bool:
-    """A rosbag2 folder (its ``metadata.yaml`` holds ``rosbag2_bagfile_information``) or a
-    ``.mcap`` / ``.db3`` file. Needs no ``rosbags``."""
+    """One bag: a rosbag2 folder (its ``metadata.yaml`` holds ``rosbag2_bagfile_information``),
+    a ``.mcap`` / ``.db3`` file or a ROS 1 ``.bag`` file. Needs no ``rosbags``."""
     p = Path(path)
     if p.is_dir():
-        try:
-            return _BAG_KEY in (p / _METADATA).read_text(errors="replace")
-        except OSError:
-            return False
+        return _is_rosbag2_folder(p)
     return p.is_file() and p.suffix.lower() in ROS_SUFFIXES
 
 
+def find_ros_bags(path) -> list[Path]:
+    """Every bag in or below ``path``, sorted by path: ``[path]`` where it is a bag itself;
+    else the rosbag2 folders (their storage files are part of them, not bags of their own) and
+    the ``.bag`` / ``.mcap`` / ``.db3`` files outside them. Needs no ``rosbags``."""
+    p = Path(path)
+    if is_ros_bag(p):
+        return [p]
+    if not p.is_dir():
+        return []
+    found = []
+    for root, dirs, files in os.walk(p):
+        dirs.sort()
+        here = Path(root)
+        for d in list(dirs):
+            if _is_rosbag2_folder(here / d):
+                found.append(here / d)
+                dirs.remove(d)  # its storage files belong to it
+        found += [here / f for f in files if Path(f).suffix.lower() in ROS_SUFFIXES]
+    return sorted(found, key=str)
+
+
+def has_ros_bags(path) -> bool:
+    """Whether ``path`` is a bag or a folder with one in or below it (:func:`find_ros_bags`)."""
+    return bool(find_ros_bags(path))
+
+
+def _is_ros1(p: Path) -> bool:
+    return p.is_file() and p.suffix.lower() == ROS1_SUFFIX
+
+
 def _rosbags(p: Path):
-    """``(Reader, typestore)`` of the installed ``rosbags``; DataError naming the extra without it."""
+    """``(Reader, deserialize)`` of the installed ``rosbags`` for the bag ``p``; DataError
+    naming the extra without it."""
+    ros1 = _is_ros1(p)
     try:
-        from rosbags.rosbag2 import Reader
+        if ros1:
+            from rosbags.rosbag1 import Reader
+        else:
+            from rosbags.rosbag2 import Reader
         from rosbags.typesys import Stores, get_typestore
     except ImportError:
-        raise DataError(f"{p}: reading a ROS 2 bag needs the rosbags package: {ROS_EXTRA}") from None
-    # sensor_msgs/Imu has had one layout in every ROS 2 release: the bag's own definitions are not needed
-    return Reader, get_typestore(Stores.ROS2_HUMBLE)
+        raise DataError(f"{p}: reading a {_kind(p)} needs the rosbags package: {ROS_EXTRA}") from None
+    # sensor_msgs/Imu has had one layout in every ROS 1 and every ROS 2 release: the bag's own
+    # definitions are not needed
+    store = get_typestore(Stores.ROS1_NOETIC if ros1 else Stores.ROS2_HUMBLE)
+    return Reader, store.deserialize_ros1 if ros1 else store.deserialize_cdr
+
+
+def _kind(p: Path) -> str:
+    return "ROS 1 bag" if _is_ros1(p) else "ROS 2 bag"
 
 
 def _open(p: Path):
-    Reader, store = _rosbags(p)
+    Reader, deserialize = _rosbags(p)
     try:
         reader = Reader(p)
         reader.open()
     except Exception as e:  # rosbags' ReaderError, and sqlite3 / MCAP errors of a damaged file
-        raise DataError(f"{p}: not a readable ROS 2 bag ({type(e).__name__}: {e})") from None
-    return reader, store
+        raise DataError(f"{p}: not a readable {_kind(p)} ({type(e).__name__}: {e})") from None
+    return reader, deserialize
 
 
 def _topics(reader) -> dict[str, str]:
@@ -118,7 +179,7 @@ def _read(p: Path, topic: str | None):
     """``(topic, receive ns (n,), stamp ns (n,), rows (n, 12))`` of the chosen Imu topic; rows
     are ``angular_velocity xyz, orientation xyzw, orientation_covariance[0],
     linear_acceleration xyz, linear_acceleration_covariance[0]``."""
-    reader, store = _open(p)
+    reader, deserialize = _open(p)
     try:
         topic = _choose(p, _topics(reader), topic)
         where = f"{p}, topic {topic!r}"
@@ -128,7 +189,7 @@ def _read(p: Path, topic: str | None):
         try:
             for _, ns, raw in reader.messages(connections=conns):
                 try:
-                    m = store.deserialize_cdr(raw, IMU)
+                    m = deserialize(raw, IMU)
                 except Exception as e:  # rosbags' SerdeError, or struct errors of a truncated message
                     raise DataError(
                         f"{where}, message {i}: cannot be decoded as {IMU} ({type(e).__name__}: {e})"
@@ -161,36 +222,67 @@ def load_ros(
     check_units: bool = True,
     windows: str = "auto",
 ) -> list[Segment]:
-    """Load the ``sensor_msgs/msg/Imu`` messages of a ROS 2 bag (see the module).
+    """Load the ``sensor_msgs/msg/Imu`` messages of a ROS 1 or ROS 2 bag, or of every bag in a
+    folder (see the module).
 
     Args:
-        path: a rosbag2 folder (with ``metadata.yaml``) or a ``.mcap`` / ``.db3`` file.
-        topic: the Imu topic to read; default: the bag's only one.
+        path: a rosbag2 folder (with ``metadata.yaml``), a ``.mcap`` / ``.db3`` file, a ROS 1
+            ``.bag`` file, or a folder holding any of them (searched recursively; each bag is
+            a recording, in the order of their paths; :func:`find_ros_bags`).
+        topic: the Imu topic to read (of every bag); default: each bag's only one.
         check_units: run :func:`rigidjax.io.units.check_plausible`.
         windows: ``auto`` (default): the detected free flights (:mod:`rigidjax.io.detect`),
             else the whole recording (warned); ``file``: the whole recording; ``detect``: the
-            detected flights, none an error.
+            detected flights, none an error (in a folder: none in any bag).
 
     Returns:
         One :class:`Segment` per window: ``t`` ``(n,)`` float64 s since the topic's first
         message (``header.stamp``, or the receive time where every stamp is zero),
         ``omega`` ``(n, 3)`` rad/s in the IMU's (body) frame, ``orientation`` ``(n, 4)``
         ``[w, x, y, z]`` body to world, renormalised, or ``None`` (no message carries one, or
-        not all: warned); ``source`` ``"PATH:TOPIC"``.
+        not all: warned); ``source`` ``"PATH:TOPIC"``; ``name`` ``"BAG:TOPIC"`` (in a
+        folder, BAG is the bag's path relative to it).
 
     Raises:
         DataError: ``rosbags`` not installed (the message names ``pip install 'rigidjax[ros]'``);
-            not a readable bag; no Imu topic (the topics present are listed), several without
-            ``topic`` (they are listed), ``topic`` absent or not Imu; fewer than 2 messages; a
-            message that does not decode, with NaN/inf rates or orientation, with ``|q|`` off 1
-            by more than 1e-3, with a zero stamp among non-zero ones, or a time not after the
-            previous message's; implausible units. Messages are numbered from 0 in bag order.
+            not a readable bag; a folder without bags; no Imu topic (the topics present are
+            listed), several without ``topic`` (they are listed), ``topic`` absent or not Imu;
+            fewer than 2 messages; a message that does not decode, with NaN/inf rates or
+            orientation, with ``|q|`` off 1 by more than 1e-3, with a zero stamp among non-zero
+            ones, or a time not after the previous message's; implausible units. Messages name
+            the bag and the topic and number the messages from 0 in bag order.
     """
     if windows not in WINDOWS:
         raise DataError(f"windows must be one of {WINDOWS}; got {windows!r}")
     p = Path(path)
     if not p.exists():
         raise DataError(f"{p}: no such file or folder")
+    if is_ros_bag(p):
+        segs, why = _load_bag(p, p.name, topic, check_units, windows)
+        if why:
+            raise DataError(why)
+        return segs
+    bags = find_ros_bags(p)
+    if not bags:
+        raise DataError(
+            f"{p}: no ROS bag found in it or below it (a rosbag2 folder with its metadata.yaml, a .mcap or .db3 "
+            "file, a ROS 1 .bag file)"
+            if p.is_dir()
+            else f"{p}: not a ROS bag (expected a rosbag2 folder, a .mcap, .db3 or ROS 1 .bag file)"
+        )
+    out, empty = [], []
+    for bag in bags:
+        segs, why = _load_bag(bag, bag.relative_to(p).as_posix(), topic, check_units, windows)
+        out += segs
+        if why:
+            empty.append(why)
+    if not out:
+        raise DataError(f"{p}: no segments to load: " + "; ".join(empty))
+    return out
+
+
+def _load_bag(p: Path, name: str, topic, check_units, windows) -> tuple[list[Segment], str]:
+    """The windows of one bag and, where there are none (``windows="detect"``), why."""
     topic, recv, stamp, rows = _read(p, topic)
     where = f"{p}, topic {topic!r}"
     n = len(rows)
@@ -217,17 +309,16 @@ def load_ros(
     use_accel = np.isfinite(accel).all() and np.all(rows[:, 11] != -1)
     if check_units:
         check_plausible(t, omega, where)
-    source = f"{p}:{topic}"
-    whole = Segment(t, omega, orientation, name=f"{p.name}:{topic}", source=source)
+    whole = Segment(t, omega, orientation, name=f"{name}:{topic}", source=f"{p}:{topic}")
     found = [] if windows == "file" else cut_flights(whole, accel=(t, accel) if use_accel else None)
     if not found and windows == "detect":
-        raise DataError(f"{where}: no free-flight window detected (rigidjax.io.detect)")
+        return [], f"{where}: no free-flight window detected (rigidjax.io.detect)"
     if not found and windows == "auto":
         warnings.warn(
             f"{where}: no free-flight window detected (rigidjax.io.detect); the whole recording is one window",
-            stacklevel=3,
+            stacklevel=4,
         )
-    return found or [whole]
+    return found or [whole], ""
 
 
 def _orientation(cols: np.ndarray, where: str) -> np.ndarray | None:
@@ -240,7 +331,7 @@ def _orientation(cols: np.ndarray, where: str) -> np.ndarray | None:
         warnings.warn(
             f"{where}, message {_first(~present)}: no orientation (covariance[0] = -1 or all zero) where other "
             "messages carry one; the orientation is left out",
-            stacklevel=4,
+            stacklevel=5,
         )
         return None
     if not np.isfinite(xyzw).all():
