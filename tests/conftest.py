@@ -6,6 +6,8 @@ from pathlib import Path
 import jax
 import pytest
 
+from rigidjax.cli_fit import NO_CACHE_ENV
+
 jax.config.update("jax_enable_x64", True)
 
 #: The shared measured data (not redistributed with rigidjax): ../shared/data beside the clone.
@@ -29,3 +31,11 @@ def racquet_dir():
             "rigidjax; put the shared data beside the clone or set RIGIDJAX_SHARED_DATA)"
         )
     return RACQUET
+
+
+@pytest.fixture(autouse=True)
+def _no_compilation_cache(monkeypatch):
+    """Every test: ``rigidjax.cli.main`` would point JAX's persistent compilation cache and the
+    program store (rigidjax.identify.keep_programs) at the user's cache folder for the rest of
+    the test process; off (tests/test_cli_fit.py checks the cache in a subprocess)."""
+    monkeypatch.setenv(NO_CACHE_ENV, "1")

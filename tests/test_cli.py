@@ -7,14 +7,6 @@ import pytest
 
 from rigidjax import reference
 from rigidjax.cli import main
-from rigidjax.cli_fit import NO_CACHE_ENV
-
-
-@pytest.fixture(autouse=True)
-def _no_compilation_cache(monkeypatch):
-    """main() would point JAX's persistent cache at the user's cache folder for the rest of the
-    test process: off here (tests/test_cli_fit.py checks the cache in a subprocess)."""
-    monkeypatch.setenv(NO_CACHE_ENV, "1")
 
 
 def test_simulate_midpoint_writes_trajectory(tmp_path, capsys):

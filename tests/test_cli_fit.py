@@ -17,13 +17,6 @@ from rigidjax.cli import build_parser, main
 from rigidjax.cli_fit import NO_CACHE_ENV, Progress, compilation_cache_dir
 
 
-@pytest.fixture(autouse=True)
-def _no_compilation_cache(monkeypatch):
-    """main() would point JAX's persistent cache at the user's cache folder for the rest of the
-    test process: off here (the cache is checked in a subprocess below)."""
-    monkeypatch.setenv(NO_CACHE_ENV, "1")
-
-
 # README of ../shared/data/racquet-flips: pendulum moments (kg m^2, 1-sigma), phone axes
 PENDULUM = {"Ix": (1.8816e-2, 5.68e-3), "Iy": (1.3911e-3, 7.6e-5), "Iz": (2.0703e-2, 3.84e-3)}
 

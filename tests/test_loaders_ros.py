@@ -331,7 +331,8 @@ def test_without_rosbags_names_the_extra(tmp_path, monkeypatch):
 def test_fit_command_on_a_bag(rosbags, tmp_path, capsys):
     """``rigidjax fit BAG --topic NAME``: the detected flight's moments are the truth's."""
     t, omega, q, f, _ = _recording()
-    bag = _write_bag(tmp_path / "bag", {"/imu/a": (t, omega, q, f), "/imu/b": (t, omega, q, f)})
+    (tmp_path / "recs").mkdir()
+    bag = _write_bag(tmp_path / "recs" / "bag", {"/imu/a": (t, omega, q, f), "/imu/b": (t, omega, q, f)})
     assert main(["fit", str(bag), "--quiet"]) == 2
     assert "choose one (topic=..., --topic)" in capsys.readouterr().err
     out = tmp_path / "fit.json"
@@ -345,4 +346,6 @@ def test_fit_command_on_a_bag(rosbags, tmp_path, capsys):
     assert d["estimates"]["Ix/Iy"] == pytest.approx(0.5, rel=0.02)
     assert d["estimates"]["Iz/Iy"] == pytest.approx(1.3, rel=0.02)
     assert main(["fit", str(out), "--topic", "/imu", "--quiet"]) == 2
-    assert "--topic applies to ROS 2 bags" in capsys.readouterr().err
+    assert "--topic applies to ROS bags" in capsys.readouterr().err
+    # a folder holding the bag takes --topic as the bag does
+    assert main(["fit", str(tmp_path / "recs"), "--topic", "/imu/b", "--starts", "2", "--quiet"]) == 0

@@ -15,9 +15,9 @@ from rigidjax.identify._model import Spec, evaluator
 
 @pytest.fixture
 def folder(tmp_path):
-    _stored.set_folder(tmp_path / "programs")
+    _stored.keep_programs(tmp_path / "programs")
     yield tmp_path / "programs"
-    _stored.set_folder(None)
+    _stored.keep_programs(None)
 
 
 def _counting():
@@ -93,12 +93,12 @@ def test_off_by_default_and_evaluator_equal(tmp_path):
     )
     plain = evaluator(spec)(*args)
     assert not any(tmp_path.iterdir())
-    _stored.set_folder(tmp_path)
+    _stored.keep_programs(tmp_path)
     try:
         first = _stored.stored(evaluator(spec).jitted, ("evaluator", spec))(*args)
         second = _stored.stored(evaluator(spec).jitted, ("evaluator", spec))(*args)
     finally:
-        _stored.set_folder(None)
+        _stored.keep_programs(None)
     for a, b, c in zip(first, second, plain):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         # the exported program and the plain jit compile the same StableHLO: equal to round-off

@@ -77,8 +77,8 @@ torque-free Euler equations at the measured timestamps, over the physically vali
 "Gyroscope rotation rate" export folder or its .zip (any of its CSV dialects; windows from
 meta/segments.csv, or without it the free flights detected from the rate and listed with their
 rows: --windows, --segment N), a Sensor Logger export folder or .zip (Gyroscope.csv), a folder of many, a
-ROS 2 bag (rosbag2 folder, .mcap or .db3: its sensor_msgs/msg/Imu topic, --topic NAME where it has
-several; needs pip install 'rigidjax[ros]'), a CSV (t,wx,wy,wz, or any names with --columns
+ROS bag (rosbag2 folder, .mcap, .db3 or ROS 1 .bag, or a folder of them: its sensor_msgs/msg/Imu
+topic, --topic NAME where it has several; needs pip install 'rigidjax[ros]'), a CSV (t,wx,wy,wz, or any names with --columns
 t=Time,wx=gx,wy=gy,wz=gz and --time-unit, --rate-unit) or an NPZ (t, omega). Without PATH: a
 synthetic recording with known truth.
 

@@ -11,8 +11,8 @@ import time
 import warnings
 from pathlib import Path
 
-from ..identify import _stored
-from ..io import LENGTH_UNITS, RATE_UNITS, TIME_UNITS, WINDOWS, describe_windows, is_ros_bag, load
+from ..identify import keep_programs
+from ..io import LENGTH_UNITS, RATE_UNITS, TIME_UNITS, WINDOWS, describe_windows, has_ros_bags, load
 
 __all__ = [
     "NO_CACHE_ENV",
@@ -89,7 +89,7 @@ def enable_compilation_cache(no_cache: bool = False) -> Path | None:
     jax.config.update("jax_compilation_cache_dir", str(d))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", CACHE_MIN_COMPILE_S)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    _stored.set_folder(d.parent / "programs")
+    keep_programs(d.parent / "programs")
     return d
 
 
@@ -259,7 +259,7 @@ def add_input_options(p, windows: str = "auto") -> None:
         "--topic",
         default=None,
         metavar="NAME",
-        help="ROS 2 bag (rosbag2 folder, .mcap or .db3; pip install 'rigidjax[ros]'): the sensor_msgs/msg/Imu topic "
+        help="ROS bag (rosbag2 folder, .mcap, .db3 or ROS 1 .bag; pip install 'rigidjax[ros]'): the sensor_msgs/msg/Imu topic "
         "to read (default: the bag's only one)",
     )
     g.add_argument("--time-unit", choices=list(TIME_UNITS), default=None, help="unit of the time column (default s)")
@@ -318,7 +318,7 @@ def write_output(cmd, opt, path, write) -> int | None:
 
 def load_paths(cmd, paths, args, progress: Progress | None = None, select=None):
     """Windows of every path in ``paths`` (warnings printed), or an exit code. ``--columns`` and
-    ``--length-unit`` go to the plain CSV files among them, ``--topic`` to the ROS 2 bags.
+    ``--length-unit`` go to the plain CSV files among them, ``--topic`` to the ROS bags.
     Detected windows (no segments.csv) are listed on stdout with their rows, as ``--segment``
     counts them."""
     paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
@@ -329,9 +329,12 @@ def load_paths(cmd, paths, args, progress: Progress | None = None, select=None):
     if (args.columns or args.length_unit) and not plain:
         return error(cmd, "--columns and --length-unit apply to plain CSV files; none of the paths is one")
     topic = getattr(args, "topic", None)
-    bags = [p for p in paths if is_ros_bag(p)]
+    bags = [p for p in paths if has_ros_bags(p)]
     if topic is not None and not bags:
-        return error(cmd, "--topic applies to ROS 2 bags (rosbag2 folder, .mcap, .db3); none of the paths is one")
+        return error(
+            cmd,
+            "--topic applies to ROS bags (rosbag2 folder, .mcap, .db3, ROS 1 .bag, or a folder holding them); none of the paths is one",
+        )
     segs = []
     for i, path in enumerate(paths):
         if progress is not None:

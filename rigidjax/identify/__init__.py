@@ -15,6 +15,8 @@ r"""Identification from measured motion: inertia from free flights, a pendulum's
   ``Signal``) are in :mod:`rigidjax.identify.observations`. :func:`fit_many` fits many
   independent problems of one structure (e.g. one per window) in one compiled program.
 * :class:`FitStatus`: one status vocabulary for every fit.
+* :func:`keep_programs`: a folder where traced programs are kept between processes (the
+  command line uses it beside JAX's compilation cache).
 """
 
 from ._derived import FitError, parse_scale
@@ -22,6 +24,7 @@ from ._fit import fit_inertia
 from ._joint import multistart_check
 from ._model import simulate_omega
 from ._result import EXIT_CODES, FitStatus, InertiaFit, exit_code
+from ._stored import keep_programs
 from .pendulum import PendulumFit, fit_pendulum, fit_pendulum_segments
 from . import observations, recipes, transforms
 from ._problem_fit import fit, fit_many
@@ -37,6 +40,7 @@ __all__ = [
     "simulate_omega",
     "EXIT_CODES",
     "exit_code",
+    "keep_programs",
     "fit_pendulum",
     "fit_pendulum_segments",
     "PendulumFit",

@@ -3,7 +3,7 @@
 JAX's persistent compilation cache skips XLA's compilation on a repeated run, but every run
 still traces and lowers each jitted function (Python: ~0.3 s per evaluator of
 :func:`rigidjax.identify._model.evaluator`, measured on the 2-core VM). :func:`stored` wraps a
-jitted function so that, once a folder is set with :func:`set_folder` (the command line does
+jitted function so that, once a folder is set with :func:`keep_programs` (the command line does
 it, next to the compilation cache), every call signature is exported once with
 :mod:`jax.export`, serialised into the folder, and on later runs deserialised instead of traced
 (~3 ms); its compiled executable then comes from the compilation cache. Measured on the
@@ -32,20 +32,25 @@ from pathlib import Path
 import jax
 import numpy as np
 
-__all__ = ["set_folder", "folder", "stored"]
+__all__ = ["keep_programs", "folder", "stored"]
 
 _FOLDER: Path | None = None
 _SUFFIX = ".jaxexport"
 
 
-def set_folder(path) -> None:
-    """Keep exported programs in ``path`` (created when first written), or ``None`` (off)."""
+def keep_programs(path) -> None:
+    """Keep the traced programs of :func:`rigidjax.identify.fit_inertia` in the folder ``path``
+    (created when first written; ``None``: off, the default), so that a later process with the
+    same rigidjax, JAX and arguments' shapes loads them instead of tracing them. The command
+    line sets ``<user cache>/rigidjax/programs`` (off with ``--no-cache``). Pair it with JAX's
+    persistent compilation cache (``jax_compilation_cache_dir``), which skips the compiling;
+    what is stored, when files are replaced and the measured gain: :mod:`rigidjax.identify._stored`."""
     global _FOLDER
     _FOLDER = None if path is None else Path(path)
 
 
 def folder() -> Path | None:
-    """The folder set by :func:`set_folder`, or ``None``."""
+    """The folder set by :func:`keep_programs`, or ``None``."""
     return _FOLDER
 
 
