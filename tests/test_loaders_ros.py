@@ -102,21 +102,28 @@ def _write_bag(path, topics, *, storage="mcap", zero_stamps=False, bad=None, no_
     from rosbags.typesys import Stores, get_typestore
 
     store = get_typestore(Stores.ROS2_HUMBLE)
-    T = store.types
     plugin = {"mcap": StoragePlugin.MCAP, "sqlite3": StoragePlugin.SQLITE3}[storage]
     with Writer(path, version=9, storage_plugin=plugin) as writer:
-        for name, data in topics.items():
-            if data is None:
-                conn = writer.add_connection(name, "std_msgs/msg/String", typestore=store)
-                writer.write(conn, T0_NS, store.serialize_cdr(T["std_msgs/msg/String"](data="hi"), conn.msgtype))
-                continue
-            conn = writer.add_connection(name, IMU, typestore=store)
-            nan_at = bad[1:] if bad is not None and bad[0] == name else None
-            for recv, msg in _imu_messages(
-                T, data, zero_stamps=zero_stamps, nan_at=nan_at, no_orientation=no_orientation
-            ):
-                writer.write(conn, recv, store.serialize_cdr(msg, IMU))
+        _write_topics(
+            writer, store, topics, store.serialize_cdr, bad, zero_stamps=zero_stamps, no_orientation=no_orientation
+        )
     return path
+
+
+def _write_topics(writer, store, topics, serialize, bad, cut=None, **kw):
+    """Write ``topics`` (see :func:`_write_bag`) through an open rosbags ``writer``;
+    ``serialize(msg, msgtype)`` is the bag's serialization; ``cut`` see :func:`_write_bag1`."""
+    T = store.types
+    for name, data in topics.items():
+        if data is None:
+            conn = writer.add_connection(name, "std_msgs/msg/String", typestore=store)
+            writer.write(conn, T0_NS, serialize(T["std_msgs/msg/String"](data="hi"), conn.msgtype))
+            continue
+        conn = writer.add_connection(name, IMU, typestore=store)
+        nan_at = bad[1:] if bad is not None and bad[0] == name else None
+        for i, (recv, msg) in enumerate(_imu_messages(T, data, nan_at=nan_at, **kw)):
+            raw = bytes(serialize(msg, IMU))
+            writer.write(conn, recv, raw[:50] if cut == (name, i) else raw)
 
 
 def _write_bag1(path, topics, *, zero_stamps=False, bad=None, cut=None):
@@ -127,18 +134,8 @@ def _write_bag1(path, topics, *, zero_stamps=False, bad=None, cut=None):
     from rosbags.typesys import Stores, get_typestore
 
     store = get_typestore(Stores.ROS1_NOETIC)
-    T = store.types
     with Writer(path) as writer:
-        for name, data in topics.items():
-            if data is None:
-                conn = writer.add_connection(name, "std_msgs/msg/String", typestore=store)
-                writer.write(conn, T0_NS, store.serialize_ros1(T["std_msgs/msg/String"](data="hi"), conn.msgtype))
-                continue
-            conn = writer.add_connection(name, IMU, typestore=store)
-            nan_at = bad[1:] if bad is not None and bad[0] == name else None
-            for i, (recv, msg) in enumerate(_imu_messages(T, data, zero_stamps=zero_stamps, nan_at=nan_at, ros1=True)):
-                raw = bytes(store.serialize_ros1(msg, IMU))
-                writer.write(conn, recv, raw[:50] if cut == (name, i) else raw)
+        _write_topics(writer, store, topics, store.serialize_ros1, bad, cut, zero_stamps=zero_stamps, ros1=True)
     return path
 
 
