@@ -1,5 +1,5 @@
 """``python -m rigidjax``: the same command line as the ``rigidjax`` console script."""
 
-from .cli import main
+from .cli import run
 
-raise SystemExit(main())
+run()

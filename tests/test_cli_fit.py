@@ -204,6 +204,39 @@ def test_compilation_cache_written_by_the_command(tmp_path):
         assert any(cache.iterdir()), "no compiled program was cached"
 
 
+def test_second_fit_loads_its_programs(tmp_path):
+    """The same ``rigidjax fit`` twice in fresh processes: the second neither traces nor compiles
+    (programs from rigidjax.identify.keep_programs' folder, executables from JAX's cache), gives
+    the same result and the same exit code; a bad path still exits 2 through the console entry."""
+    env = {k: v for k, v in os.environ.items() if k != NO_CACHE_ENV}
+    env.update(XDG_CACHE_HOME=str(tmp_path / "cache"), HOME=str(tmp_path))
+    runs = []
+    for i in (1, 2):
+        argv = [
+            sys.executable,
+            "-m",
+            "rigidjax",
+            "fit",
+            "--tosses",
+            "2",
+            "--starts",
+            "1",
+            "--json",
+            str(tmp_path / f"{i}.json"),
+        ]
+        runs.append(subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300))
+    assert runs[0].returncode == runs[1].returncode and runs[0].returncode in (0, 1), runs[0].stderr
+    assert list((tmp_path / "cache" / "rigidjax" / "programs").glob("*.jaxexport"))
+    m = re.search(r"compiled (\d+) program\(s\) in [0-9.]+ s, (\d+) from the cache", runs[1].stderr.splitlines()[-1])
+    assert m and m.group(1) == m.group(2), runs[1].stderr
+    a, b = (json.loads((tmp_path / f"{i}.json").read_text()) for i in (1, 2))
+    assert a["estimates"] == b["estimates"] and a["uncertainties"] == b["uncertainties"]
+    bad = subprocess.run(
+        [sys.executable, "-m", "rigidjax", "fit", str(tmp_path / "nothing")], env=env, capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "no such file or folder" in bad.stderr
+
+
 def test_progress_plain_lines():
     out = io.StringIO()  # not a terminal: one plain line per phase change
     with Progress(stream=out, every=1e9) as p:
