@@ -9,6 +9,7 @@ every window padded to 128 samples, so each compiles once per session.
 
 import functools
 import json
+import re
 import warnings
 
 import jax
@@ -411,6 +412,16 @@ def test_non_convergence_is_reported(lamina):
         fit = fit_inertia(segs[:1], starts=1, phase1_steps=1, max_steps=1, substeps=1)
     assert not fit.converged and fit.segments[0]["status"] == FitStatus.MAX_STEPS
     assert "max_steps" in fit.message
+    # the message names the run that ran out and counts every phase behind the reported point
+    row = fit.segments[0]
+    m = re.search(
+        r"last run \((.+?)\) used up its max_steps=1 iterations; (\d+) iterations to this point \((.+?)\)",
+        row["reason"],
+    )
+    assert m, row["reason"]
+    phases = [p.split(" ", 1) for p in m.group(3).split(" + ")]
+    assert int(m.group(2)) == row["iterations"] == sum(int(n) for n, _ in phases)
+    assert phases[0][1] == "multi-start" and phases[-1][1] == m.group(1)
 
 
 def test_noise_estimate_from_second_differences(lamina):

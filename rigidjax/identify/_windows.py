@@ -216,10 +216,16 @@ def _fit_windows(run: _Run, wins: np.ndarray, k: np.ndarray, starts: int) -> dic
     st = run.lm(batch, x0, np.arange(x0.shape[0]), max_steps=run.phase1_steps)
     best = _best_per_window(st, owner, len(wins), prefer_converged=False)
     keep = _lm.select(st, best)
+    first = keep["it"].copy()
     batch = run.batch(k, wins[owner[best]][:, None], [0], "opt", R_ref[best])
     keep["rows"] = np.arange(len(wins))
     st = run.lm(batch, None, None, max_steps=run.max_steps, state=keep)
     st["R_ref"] = R_ref[best]
+    # per window, the optimiser runs behind the reported point: (phase, iterations); the last
+    # one's status is the window's (the message names it and the total). ``lost``: iterations
+    # of a refit from other starts that ended no lower (not behind the reported point)
+    st["phases"] = [[("multi-start", int(a)), ("main", int(b - a))] for a, b in zip(first, st["it"])]
+    st["lost"] = np.zeros(len(wins), int)
     _rescue(run, wins, k, st)
     return st
 
@@ -290,6 +296,7 @@ def _rescue(run: _Run, wins: np.ndarray, k: np.ndarray, st: dict) -> None:
         [idx[np.argsort(cost[idx])[:RESCUE_KEEP]] for idx in (np.flatnonzero(owner == j) for j in bad)]
     )
     r = _lm.select(r, cont)
+    first = r["it"].copy()
     owner, R_ref = owner[cont], R_ref[cont]
     r["rows"] = np.arange(cont.size)
     batch = run.batch(k, wins[owner][:, None], [0], "opt", R_ref)
@@ -305,6 +312,12 @@ def _rescue(run: _Run, wins: np.ndarray, k: np.ndarray, st: dict) -> None:
                 st[key][j] = r[key][b]
             st["it"][j] += r["it"][b]
             st["R_ref"][j] = R_ref[b]
+            st["phases"][j] = st["phases"][j] + [
+                ("multi-start of the refit from other starts", int(first[b])),
+                ("refit from other starts", int(r["it"][b] - first[b])),
+            ]
+        else:
+            st["lost"][j] = int(r["it"][b])
 
 
 # ----------------------------------------------------------------------------- reported coordinates
@@ -435,15 +448,25 @@ def _per_window(run: _Run, wins, k, starts, *, adapt: bool, reference_check: boo
         sub = np.flatnonzero(need)
         batch = run.batch(k, wins[sub][:, None], [0], "opt", st["R_ref"][sub])
         part = run.lm(batch, st["x"][sub], np.arange(sub.size), max_steps=run.max_steps)
+        for jj, n_it in zip(sub, part["it"]):
+            st["phases"][jj] = st["phases"][jj] + [(f"refit at {k[wins[jj]]} sub-steps", int(n_it))]
         part["it"] += st["it"][sub]
         for key in ("x", "cost", "A", "g", "aux", "ok", "lam", "nu", "status", "opt", "it", "lo", "hi", "floor"):
             st[key][sub] = part[key]
     for j, i in enumerate(wins):
         rms = float(np.sqrt(rss_p[j, 0] / (3 * run.segs[i].n)))
         status = _LM_STATUS[_lm.LMStatus(int(st["status"][j]))] if (st["ok"][j] and ok_p[j]) else FitStatus.NONFINITE
+        phases = st["phases"][j]
         reason = {
             FitStatus.CONVERGED: "",
-            FitStatus.MAX_STEPS: f"no first-order optimum within {run.max_steps} iterations (raise max_steps)",
+            FitStatus.MAX_STEPS: (
+                f"no first-order optimum: the optimiser's last run ({phases[-1][0]}) used up its max_steps="
+                f"{run.max_steps} iterations; {int(st['it'][j])} iterations to this point ("
+                + " + ".join(f"{n_} {name}" for name, n_ in phases)
+                + ")"
+                + (f"; a refit from other starts ended no lower ({st['lost'][j]} iterations)" if st["lost"][j] else "")
+                + " (raise max_steps)"
+            ),
             FitStatus.STALLED: (
                 f"the optimiser stopped short of first-order optimality (relative decrement {st['opt'][j]:.2g})"
             ),
