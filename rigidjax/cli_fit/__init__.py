@@ -87,8 +87,9 @@ sensibly as deg/s, or a median time step of 1 s or more, stop with the likely un
 (--rate-unit deg/s, --time-unit ms); --no-unit-check skips the check.
 
 Compiled programs are kept in JAX's persistent compilation cache (in the user's cache folder,
-e.g. ~/.cache/rigidjax/jax-compilation-cache), so a second run of the same command skips most
-of the compiling; --no-cache or RIGIDJAX_NO_COMPILATION_CACHE=1 turns it off.
+e.g. ~/.cache/rigidjax/jax-compilation-cache) and a gyroscope fit's traced programs beside it
+(programs/), so a second run of the same command neither traces nor compiles them (the README
+demo: ~2x faster); --no-cache or RIGIDJAX_NO_COMPILATION_CACHE=1 turns both off.
 
 A CSV with orientation (qw,qx,qy,qz: motion capture), position (x,y,z, m) or known body torques
 (tau_x,tau_y,tau_z, N m: moments in kg m^2) is fitted with every column it has, through
