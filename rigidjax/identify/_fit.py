@@ -30,7 +30,11 @@ What :func:`fit_inertia` does, window by window:
    (over all windows where it has fewer than 3) or 25 % of the window's signal, and above 10x
    its noise, is :attr:`~FitStatus.POOR_FIT` (a wrong basin or not free flight); a relative
    standard error of ``Ix/Iy`` or ``Iz/Iy`` above :data:`REL_SE_MAX`, or singular normal
-   equations, :attr:`~FitStatus.UNIDENTIFIABLE`.
+   equations, :attr:`~FitStatus.UNIDENTIFIABLE`; so is a window whose optimiser ran out of
+   iterations or stalled on its way to a degenerate minimum: at a rod-like inertia (a
+   principal-moment ratio beyond ``V_MAX``), or where the Gauss-Newton model promises an
+   insignificant further decrease (below :data:`~rigidjax.identify._verdict.CHI2_1_95`
+   residual variances) while the ratios stay undetermined (``_verdict.degenerate``).
 5. **Pools only what belongs together**: recordings (``Segment.source``) whose estimates
    disagree beyond their spread are named and left out (:mod:`rigidjax.identify._combine`;
    ``pool="all"`` forces pooling); the combined estimate carries a statistical error and a

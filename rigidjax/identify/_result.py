@@ -31,7 +31,9 @@ class FitStatus(str, enum.Enum):
     #: the noise): a wrong basin, or a window that is not free flight. Excluded from combining.
     POOR_FIT = "poor_fit"
     #: The data cannot determine the fitted parameters (noise only, too few samples, a spin
-    #: about one principal axis): no estimate is presented.
+    #: about one principal axis, a ratio known only to more than ±50 %, a degenerate, rod-like
+    #: minimum, also one the optimiser heads for without reaching it within ``max_steps``):
+    #: no estimate is presented.
     UNIDENTIFIABLE = "unidentifiable"
     #: The optimum was reached, but the stepper's own error shapes the estimate (raise
     #: ``substeps``): for :func:`~rigidjax.identify.fit_inertia`, the fitted window re-simulated

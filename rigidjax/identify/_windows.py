@@ -16,7 +16,6 @@ from . import _lm
 from ._derived import FitError, derived_jacobian, names, standard_errors
 from ._model import (
     V_MAX,
-    Spec,
     chart_theta,
     noise_and_signal,
     pad,
@@ -30,6 +29,7 @@ from ._model import (
 )
 from ._problems import Batch
 from ._starts import window_starts
+from ._verdict import REL_SE_MAX, degenerate, edge_push
 from ._result import FitStatus
 
 #: Fewer samples than this in a window: too few to determine inertia ratios (not fitted).
@@ -58,15 +58,6 @@ JOINT_OWN, JOINT_MEDIAN = 5.0, 3.0
 SUSPECT_MEDIAN, SUSPECT_SIGNAL = 3.0, 0.10
 #: Random starts of a refit, and how many of all its starts continue after the first phase.
 RESCUE_RANDOM, RESCUE_KEEP = 16, 4
-#: Relative standard error of Ix/Iy or Iz/Iy above which the window is unidentifiable (the
-#: flattest racquet windows, on the thin-plate edge, are known to +-20-35 %).
-REL_SE_MAX = 0.5
-#: A window whose estimate sits on an edge of the physically valid set while the data ask
-#: for an inertia beyond it (the unconstrained Gauss-Newton step would remove more than this
-#: fraction of its cost) is a poor fit: not free flight, wrong axes or units, not rigid. On
-#: the 69 racquet windows, those on an edge would gain at most 24 % (principal moments) and
-#: 37 % (full tensor + drag).
-EDGE_PUSH = 0.6
 #: Rates above this (rad/s, ~8 rev/s) are beyond a hand throw (the racquet flips peak at
 #: ~21 rad/s): such a window is refused, naming deg/s, unless ``max_rate`` is raised.
 MAX_RATE = 50.0
@@ -479,7 +470,13 @@ def _per_window(run: _Run, wins, k, starts, *, adapt: bool, reference_check: boo
                 f"the least-squares minimum lies at a degenerate, rod-like inertia (a ratio beyond {V_MAX:g}, the edge "
                 "of the search): the data do not determine the inertia"
             )
-        elif status == FitStatus.CONVERGED and (push := _edge_push(spec, st, j)) is not None:
+        elif status in (FitStatus.MAX_STEPS, FitStatus.STALLED) and (why := degenerate(st, j, s2s[j], sing[j], rel)):
+            reason = (
+                f"the optimiser heads for a degenerate minimum ({status.value} after {int(st['it'][j])} iterations): "
+                f"{why}: the data do not determine the inertia"
+            )
+            status = FitStatus.UNIDENTIFIABLE
+        elif status == FitStatus.CONVERGED and (push := edge_push(spec, st, j)) is not None:
             status = FitStatus.POOR_FIT
             reason = (
                 f"the data ask for {push[0]}, beyond the physically valid set: the least-squares minimum sits on its "
@@ -524,40 +521,6 @@ def _per_window(run: _Run, wins, k, starts, *, adapt: bool, reference_check: boo
             row["bias_se"] = np.sqrt(np.maximum(np.diag(covs[j])[spec.n_phys : spec.n_phys + 3], 0)).tolist()
         out[i] = row
     return out
-
-
-_EDGES = {  # (chart coordinate, bound) -> what lies beyond it
-    (0, "hi"): "I3 > I1 + I2",
-    (0, "lo"): "I1 > I2 + I3",
-    (1, "lo"): "I2 > I1 + I3",
-}
-
-
-def _edge_push(spec: Spec, st: dict, j: int):
-    """``(what, fraction)`` where window ``j``'s estimate sits on an edge of the valid set and
-    the unconstrained Gauss-Newton step would remove more than :data:`EDGE_PUSH` of its cost,
-    else ``None``. ``I1, I2, I3``: the principal moments (along sensor x, y, z without
-    ``tensor``)."""
-    x, g, lo, hi = st["x"][j], st["g"][j], st["lo"][j], st["hi"][j]
-    held = [
-        (c, b)
-        for c in range(spec.n_chart)
-        for b, at in (("lo", x[c] <= lo[c] and g[c] > 0), ("hi", x[c] >= hi[c] and g[c] < 0))
-        if at
-    ]
-    if not held:
-        return None
-    inf = np.full((1, x.size), np.inf)
-    free = _lm.decrement(
-        st["A"][j : j + 1], g[None], st["cost"][j : j + 1], x[None], -inf, inf, st["floor"][j : j + 1]
-    )[0]
-    if not free > EDGE_PUSH:
-        return None
-    c, b = held[0]
-    what = _EDGES.get(
-        (c, b), "a negative drag (a body that speeds up)" if c >= 2 + 3 * spec.tensor else "a degenerate inertia"
-    )
-    return what, min(float(free), 1.0)
 
 
 def _quality(run: _Run, rows, fitted) -> None:
