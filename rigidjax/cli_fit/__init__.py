@@ -78,8 +78,8 @@ torque-free Euler equations at the measured timestamps, over the physically vali
 meta/segments.csv, or without it the free flights detected from the rate and listed with their
 rows: --windows, --segment N), a Sensor Logger export folder or .zip (Gyroscope.csv), a folder of many, a
 ROS bag (rosbag2 folder, .mcap, .db3 or ROS 1 .bag, or a folder of them: its sensor_msgs/msg/Imu
-topic, --topic NAME where it has several; needs pip install 'rigidjax[ros]'), a CSV (t,wx,wy,wz, or any names with --columns
-t=Time,wx=gx,wy=gy,wz=gz and --time-unit, --rate-unit) or an NPZ (t, omega). Without PATH: a
+topic, --topic NAME where it has several; needs pip install 'rigidjax[ros]'), a CSV (t,wx,wy,wz,
+or any names with --columns t=Time,wx=gx,wy=gy,wz=gz and --time-unit, --rate-unit) or an NPZ (t, omega). Without PATH: a
 synthetic recording with known truth.
 
 Units are checked at load time: rates that turn the body by more than 1 rad per sample but read

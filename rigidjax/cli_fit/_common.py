@@ -259,8 +259,8 @@ def add_input_options(p, windows: str = "auto") -> None:
         "--topic",
         default=None,
         metavar="NAME",
-        help="ROS bag (rosbag2 folder, .mcap, .db3 or ROS 1 .bag; pip install 'rigidjax[ros]'): the sensor_msgs/msg/Imu topic "
-        "to read (default: the bag's only one)",
+        help="ROS bag (rosbag2 folder, .mcap, .db3 or ROS 1 .bag; pip install 'rigidjax[ros]'): "
+        "the sensor_msgs/msg/Imu topic to read (default: the bag's only one)",
     )
     g.add_argument("--time-unit", choices=list(TIME_UNITS), default=None, help="unit of the time column (default s)")
     g.add_argument("--rate-unit", choices=list(RATE_UNITS), default=None, help="unit of the rates (default rad/s)")
@@ -333,7 +333,8 @@ def load_paths(cmd, paths, args, progress: Progress | None = None, select=None):
     if topic is not None and not bags:
         return error(
             cmd,
-            "--topic applies to ROS bags (rosbag2 folder, .mcap, .db3, ROS 1 .bag, or a folder holding them); none of the paths is one",
+            "--topic applies to ROS bags (rosbag2 folder, .mcap, .db3, ROS 1 .bag, or a folder holding them); "
+            "none of the paths is one",
         )
     segs = []
     for i, path in enumerate(paths):
