@@ -2,6 +2,8 @@
 "run" (a fresh wrapper, as after a restart) loads the program instead of tracing it, gives
 bit-identical results, and a damaged or stale file never changes a result."""
 
+import os
+import time
 import warnings
 
 import jax
@@ -55,7 +57,7 @@ def test_damaged_file_is_traced_again_with_a_warning(folder):
     (path,) = folder.glob("*.jaxexport")
     path.write_bytes(b"not a program")
     f2, t2 = _counting()
-    with pytest.warns(UserWarning, match="cannot read the stored program"):
+    with pytest.warns(UserWarning, match="cannot be used .not a stored program.; replacing it"):
         out = _stored.stored(f2, "test-g")(x, y)
     assert len(t2) == 1
     np.testing.assert_array_equal(np.asarray(out[0]), np.asarray(ref[0]))
@@ -66,13 +68,63 @@ def test_damaged_file_is_traced_again_with_a_warning(folder):
     assert t3 == []
 
 
-def test_stale_fingerprint_files_removed(folder):
+def test_bit_flip_and_swapped_files_are_replaced(folder):
+    """A file that still deserialises but is damaged (one flipped bit) or belongs to another
+    program (two files swapped) is never run: the checksum names it, the program is traced
+    again and the result is right."""
+    x, y = np.linspace(0.1, 1.0, 6).reshape(2, 3), np.arange(3.0)
+    f1, _ = _counting()
+    ref = _stored.stored(f1, "test-i")(x, y)
+    (path,) = folder.glob("*.jaxexport")
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x10
+    path.write_bytes(bytes(raw))
+    f2, t2 = _counting()
+    with pytest.warns(UserWarning, match="checksum mismatch"):
+        out = _stored.stored(f2, "test-i")(x, y)
+    assert len(t2) == 1
+    np.testing.assert_array_equal(np.asarray(out[0]), np.asarray(ref[0]))
+    f3, _ = _counting()
+    _stored.stored(f3, "test-j")(x, y)  # another program of the same signature
+    a, b = sorted(folder.glob("*.jaxexport"))
+    da, db = a.read_bytes(), b.read_bytes()
+    a.write_bytes(db)
+    b.write_bytes(da)
+    f4, t4 = _counting()
+    with pytest.warns(UserWarning, match="checksum mismatch"):
+        out = _stored.stored(f4, "test-i")(x, y)
+    assert len(t4) == 1
+    np.testing.assert_array_equal(np.asarray(out[0]), np.asarray(ref[0]))
+
+
+def test_old_files_removed_others_kept(folder):
+    """Files unused for MAX_AGE_S go when a new one is written; a fresh file of another
+    fingerprint (another checkout or float mode sharing the folder) stays."""
     folder.mkdir(parents=True)
-    stale = folder / ("0" * 16 + "-old.jaxexport")
+    stale, other = folder / ("0" * 16 + "-old.jaxexport"), folder / ("1" * 16 + "-new.jaxexport")
     stale.write_bytes(b"x")
+    other.write_bytes(b"y")
+    old = time.time() - _stored.MAX_AGE_S - 60
+    os.utime(stale, (old, old))
     f, _ = _counting()
     _stored.stored(f, "test-h")(np.ones((2, 2)), np.ones(2))
-    assert not stale.exists()
+    assert not stale.exists() and other.exists()
+
+
+def test_unwritable_folder_warns_once(tmp_path):
+    """A programs path that is a file: one warning naming it, right results, nothing stored."""
+    bad = tmp_path / "programs"
+    bad.write_text("a file")
+    _stored.keep_programs(bad)
+    try:
+        x, y = np.ones((2, 3)), np.ones(3)
+        with pytest.warns(UserWarning, match="is not a folder") as rec:
+            out = _stored.stored(_counting()[0], "test-k")(x, y)
+            _stored.stored(_counting()[0], "test-l")(x, y)
+        assert len([w for w in rec if "is not a folder" in str(w.message)]) == 1
+        np.testing.assert_allclose(np.asarray(out[1]), 6.0)
+    finally:
+        _stored.keep_programs(None)
 
 
 def test_off_by_default_and_evaluator_equal(tmp_path):

@@ -14,10 +14,12 @@ Without a folder (the library's default: it never writes into the user's folders
 the jitted function is called as it is. A file is named by a fingerprint of everything the
 trace depends on: the source of the installed ``rigidjax`` package, the JAX and jaxlib
 versions, the default backend, ``jax_enable_x64`` and the default matmul precision, the
-program's key and the arguments' shapes and dtypes. Files of an older fingerprint (an upgrade)
-are removed when the first new one is written. A file that cannot be read or written is traced
-as usual (a warning names it): the store can only save time, never change a result; the
-program run is the same in both cases (the exported one, when a folder is set).
+program's key and the arguments' shapes and dtypes; it holds a checksum over that name and its
+bytes. A file is used only where the checksum holds, its arguments are the call's and it
+compiles; else the program is traced again and the file replaced (one warning names it), so the
+store can only save time, never change a result. Files unused for :data:`MAX_AGE_S` (an
+upgrade's leftovers, other checkouts sharing the folder) are removed when a new one is written.
+A folder that cannot be written gives one warning per process; the fit goes on.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import functools
 import hashlib
 import os
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -110,37 +113,80 @@ def stored(jitted, key):
     return _Stored(jitted, key)
 
 
+#: Stored programs not used for this long are removed when a new one is written (s).
+MAX_AGE_S = 30 * 86400
+_MAGIC = b"RJXP1"
+_WARNED: set = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        warnings.warn(msg, stacklevel=4)
+
+
+def _reason(e: Exception) -> str:
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return first if len(first) <= 200 else first[:200] + "..."
+
+
 def _load_or_export(d: Path, jitted, key, sig):
+    """The compiled program for ``sig``: loaded from ``d`` where a valid file is there, else
+    exported, written and compiled. A file is used only if its checksum (over the program's
+    name and its bytes) holds, its arguments are ``sig`` and it compiles; else it is replaced."""
     from jax import export
 
     fp = _fingerprint()
     name = hashlib.sha256(repr((key, sig)).encode()).hexdigest()[:24]
     path = d / f"{fp}-{name}{_SUFFIX}"
-    exp = None
+    avals = [jax.ShapeDtypeStruct(s, np.dtype(t)) for s, t in sig]
     if path.exists():
         try:
-            exp = export.deserialize(bytearray(path.read_bytes()))
-        except Exception as e:  # a truncated or foreign file: trace again and replace it
-            warnings.warn(f"rigidjax: traced again: cannot read the stored program {path}: {e}", stacklevel=3)
-    if exp is None:
-        try:
-            exp = export.export(jitted)(*[jax.ShapeDtypeStruct(s, np.dtype(t)) for s, t in sig])
-            _write(d, path, fp, exp.serialize())
-        except Exception as e:  # e.g. flatbuffers missing, or a folder that cannot be written
-            warnings.warn(f"rigidjax: program not stored in {d}: {e}", stacklevel=3)
-            return jitted
-    return jax.jit(exp.call)
+            exp = export.deserialize(bytearray(_read(path, name)))
+            if [(tuple(a.shape), str(a.dtype)) for a in exp.in_avals] != [(tuple(s), t) for s, t in sig]:
+                raise ValueError("it takes other arguments than this call")
+            compiled = jax.jit(exp.call).lower(*avals).compile()
+            os.utime(path)  # in use: kept by the age rule of _write
+            return compiled
+        except Exception as e:  # damaged, foreign or stale: trace again and replace it
+            msg = f"rigidjax: traced again: the stored program {path} cannot be used ({_reason(e)}); replacing it"
+            warnings.warn(msg, stacklevel=3)
+    try:
+        exp = export.export(jitted)(*avals)
+        data = exp.serialize()
+    except Exception as e:  # e.g. flatbuffers missing
+        _warn_once(f"rigidjax: programs are not stored ({_reason(e)})")
+        return jitted
+    try:
+        _write(d, path, name, data)
+    except OSError as e:
+        _warn_once(f"rigidjax: programs are not stored in {d}: {_reason(e)}")
+    return jax.jit(exp.call).lower(*avals).compile()
 
 
-def _write(d: Path, path: Path, fp: str, data: bytes) -> None:
+def _read(path: Path, name: str) -> bytes:
+    raw = path.read_bytes()
+    head = len(_MAGIC) + 32
+    if raw[: len(_MAGIC)] != _MAGIC or len(raw) <= head:
+        raise ValueError("not a stored program")
+    data = raw[head:]
+    if hashlib.sha256(name.encode() + data).digest() != raw[len(_MAGIC) : head]:
+        raise ValueError("checksum mismatch (damaged, or another program's file)")
+    return data
+
+
+def _write(d: Path, path: Path, name: str, data: bytes) -> None:
+    if d.exists() and not d.is_dir():
+        raise OSError(f"{d} is not a folder")
     d.mkdir(parents=True, exist_ok=True)
-    for old in d.glob(f"*{_SUFFIX}"):
-        if not old.name.startswith(fp):
-            try:
+    now = time.time()
+    for old in d.glob(f"*{_SUFFIX}"):  # unused for MAX_AGE_S (an upgrade's leftovers, old checkouts)
+        try:
+            if now - old.stat().st_mtime > MAX_AGE_S:
                 old.unlink()
-            except OSError:
-                pass
+        except OSError:
+            pass
     fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
     with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
+        fh.write(_MAGIC + hashlib.sha256(name.encode() + data).digest() + data)
     os.replace(tmp, path)
