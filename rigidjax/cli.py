@@ -186,6 +186,33 @@ def main(argv=None) -> int:
         return 2
 
 
+class _PipeSafe:
+    """stdout that stops writing, silently, once its reader has gone (``rigidjax fit | head``):
+    the command still writes its --json, --plot and --report files and exits with its own code."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._gone = False
+
+    def write(self, text):
+        if not self._gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._gone = True
+        return len(text)
+
+    def flush(self):
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._gone = True
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
 def run() -> None:
     """The console entry point (``rigidjax``, ``python -m rigidjax``): :func:`main`, then the
     process ends at once with its exit code. When ``main`` returns, every output is written
@@ -193,7 +220,9 @@ def run() -> None:
     teardown of JAX, XLA and the ~1,600 modules imported, ~0.5 s of every command on the
     2-core VM (``python -c "import rigidjax.cli"``: 0.5-0.6 s from its last statement to the
     process's end). It is skipped: stdout and stderr are flushed and ``os._exit`` ends the
-    process. ``--help``, usage errors and exceptions leave the usual way."""
+    process. ``--help``, usage errors and exceptions leave the usual way. Output piped into a
+    reader that stops early (``| head``) is cut there without an error (:class:`_PipeSafe`)."""
+    sys.stdout = _PipeSafe(sys.stdout)
     code = main()
     for stream in (sys.stdout, sys.stderr):
         try:

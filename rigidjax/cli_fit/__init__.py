@@ -511,7 +511,7 @@ def run(args) -> int:
     except (DataError, FitError) as e:
         return error("fit", str(e))
     except OSError as e:
-        return error("fit", f"{e.filename or ''}: {e.strerror or e}")
+        return error("fit", f"{e.filename}: {e.strerror or e}" if e.filename else f"{e.strerror or e}")
     finally:
         progress.close()
         if tmp is not None:
