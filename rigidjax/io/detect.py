@@ -192,6 +192,6 @@ def describe_windows(segments, first_row: int = 0) -> str:
         if s.source != source:
             source = s.source
             n = sum(1 for q in segments if q.source == source and q.comment == DETECTED)
-            lines.append(f"{source}: no segments.csv; {n} free-flight window(s) detected (rigidjax.io.detect):")
+            lines.append(f"{source}: {n} free-flight window(s) detected from the rate (rigidjax.io.detect):")
         lines.append(f"  row {row:3d}: {s.name}: {s.t[0]:9.3f} - {s.t[-1]:9.3f} s ({s.duration:.2f} s, {s.n} samples)")
     return "\n".join(lines)
