@@ -17,6 +17,7 @@ from rigidjax.identify.pendulum import (
     combine_pendulum,
     fit_pendulum,
     fit_pendulum_segments,
+    looks_like_pendulum,
     swing_axis,
 )
 from rigidjax.reference import euler_omega
@@ -188,3 +189,19 @@ def test_real_recordings(racquet_dir, capsys):
     assert abs(period - 1.436) < 0.039
     line = next(x for x in printed.out.splitlines() if x.strip().startswith("inertia_pivot"))
     assert abs(float(line.split()[3]) - 96.8) < 5.4
+
+
+def test_rest_flip_rest_is_not_a_swing():
+    """A recording at rest, then a flip, then at rest (a bag or CSV fitted as one window): the
+    gyroscope noise about the rest changes sign often, but only the flip is beyond the
+    hysteresis level, so it is not taken for a pendulum; a damped swing still is."""
+    rng = np.random.default_rng(1)
+    t = np.arange(600) * 0.01
+    omega = 0.01 * rng.normal(size=(600, 3))
+    flight = (t > 2.5) & (t < 3.3)
+    omega[flight, 1] += 9.0
+    omega[flight, 0] += 0.3 * np.sin(12 * t[flight])
+    assert swing_axis(omega)[2][1] == 0 and looks_like_pendulum(omega) is None
+    swing = np.zeros((600, 3))
+    swing[:, 2] = 2.0 * np.exp(-0.3 * t) * np.sin(2 * np.pi * 0.8 * t)
+    assert looks_like_pendulum(swing + 0.01 * rng.normal(size=(600, 3))) == 2

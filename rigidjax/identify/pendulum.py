@@ -150,13 +150,25 @@ class PendulumFit:
 def swing_axis(omega) -> tuple[int, np.ndarray, np.ndarray]:
     """``(axis, variance fraction (3,), zero crossings (3,))`` of body rates ``(n, 3)``: the
     column holding most of the rate variance about the mean, and each column's share and
-    sign changes about its median."""
+    sign changes about its median, counted with hysteresis: only between samples beyond
+    :data:`CROSS_LEVEL` of the column's largest deviation (sensor noise about a rest is not
+    a swing)."""
     w = np.asarray(omega, float)
     x = w - np.median(w, axis=0)
     var = np.mean((w - w.mean(0)) ** 2, axis=0)
     frac = var / max(var.sum(), 1e-300)
-    cross = np.sum(np.signbit(x[1:]) != np.signbit(x[:-1]), axis=0)
+    cross = np.zeros(w.shape[1], int)
+    for c in range(w.shape[1]):
+        big = x[np.abs(x[:, c]) > CROSS_LEVEL * np.max(np.abs(x[:, c])), c]
+        cross[c] = int(np.sum(np.signbit(big[1:]) != np.signbit(big[:-1])))
     return int(np.argmax(var)), frac, cross
+
+
+#: Sign changes of a rate count as swings only between samples beyond this fraction of its
+#: largest deviation from the median (:func:`swing_axis`): a swing whose amplitude stays above
+#: 20 % of its largest for two periods has 4 of them; noise about a rest (~1 % of a flip's rate)
+#: has none.
+CROSS_LEVEL = 0.2
 
 
 def looks_like_pendulum(omega) -> int | None:
