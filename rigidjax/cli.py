@@ -187,7 +187,8 @@ def main(argv=None) -> int:
 
 
 class _PipeSafe:
-    """stdout that stops writing, silently, once its reader has gone (``rigidjax fit | head``):
+    """An output stream (stdout, stderr) that stops writing, silently, once its reader has gone
+    (``rigidjax fit | head``, ``2>&1 | head``):
     the command still writes its --json, --plot and --report files and exits with its own code."""
 
     def __init__(self, stream):
@@ -222,7 +223,7 @@ def run() -> None:
     process's end). It is skipped: stdout and stderr are flushed and ``os._exit`` ends the
     process. ``--help``, usage errors and exceptions leave the usual way. Output piped into a
     reader that stops early (``| head``) is cut there without an error (:class:`_PipeSafe`)."""
-    sys.stdout = _PipeSafe(sys.stdout)
+    sys.stdout, sys.stderr = _PipeSafe(sys.stdout), _PipeSafe(sys.stderr)
     code = main()
     for stream in (sys.stdout, sys.stderr):
         try:

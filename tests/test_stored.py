@@ -155,3 +155,20 @@ def test_off_by_default_and_evaluator_equal(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
         # the exported program and the plain jit compile the same StableHLO: equal to round-off
         np.testing.assert_allclose(np.asarray(a), np.asarray(c), rtol=1e-12, atol=1e-12)
+
+
+def test_path_taken_by_a_folder_leaves_nothing_behind(folder):
+    """Where a program's file name is taken by a folder: a warning each time, the right result,
+    and no temporary file left in the programs folder."""
+    x, y = np.ones((2, 3)), np.ones(3)
+    f, _ = _counting()
+    _stored.stored(f, "test-m")(x, y)
+    (path,) = folder.glob("*.jaxexport")
+    path.unlink()
+    path.mkdir()
+    with pytest.warns(UserWarning) as rec:
+        out = _stored.stored(_counting()[0], "test-m")(x, y)
+    text = " | ".join(str(w.message) for w in rec)
+    assert "cannot be used" in text and "programs are not stored" in text, text
+    np.testing.assert_allclose(np.asarray(out[1]), 6.0)
+    assert [p.name for p in folder.iterdir()] == [path.name]

@@ -146,11 +146,15 @@ def _load_or_export(d: Path, jitted, key, sig):
             if [(tuple(a.shape), str(a.dtype)) for a in exp.in_avals] != [(tuple(s), t) for s, t in sig]:
                 raise ValueError("it takes other arguments than this call")
             compiled = jax.jit(exp.call).lower(*avals).compile()
-            os.utime(path)  # in use: kept by the age rule of _write
-            return compiled
         except Exception as e:  # damaged, foreign or stale: trace again and replace it
             msg = f"rigidjax: traced again: the stored program {path} cannot be used ({_reason(e)}); replacing it"
             warnings.warn(msg, stacklevel=3)
+        else:
+            try:
+                os.utime(path)  # in use: kept by the age rule of _write
+            except OSError:
+                pass
+            return compiled
     try:
         exp = export.export(jitted)(*avals)
         data = exp.serialize()
@@ -187,6 +191,10 @@ def _write(d: Path, path: Path, name: str, data: bytes) -> None:
         except OSError:
             pass
     fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(_MAGIC + hashlib.sha256(name.encode() + data).digest() + data)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(_MAGIC + hashlib.sha256(name.encode() + data).digest() + data)
+        os.replace(tmp, path)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+        raise
