@@ -12,6 +12,7 @@ import pytest
 from rigidjax import so3
 from rigidjax.io import (
     DataError,
+    has_phyphox,
     load,
     load_csv,
     load_motion_csv,
@@ -131,6 +132,39 @@ def test_phyphox_zip_with_segments(tmp_path):
     files["meta/segments.csv"] = "segment,start,end,keep,comment\n0,0.1,zero,,toss\n"
     with pytest.raises(DataError, match=r"rec2.zip/meta/segments.csv, line 2, column 'end': expected a time"):
         load(_write_zip(tmp_path / "rec2.zip", files))
+
+
+def test_phyphox_exports_behind_symlinks(tmp_path):
+    """A folder searched for recordings (``rigidjax fit FOLDER``) finds an export behind a
+    symbolic link (to its folder, to its zip, to a folder holding one) as a real one; a link to
+    an ancestor does not loop, and an export reached twice is loaded once."""
+    t, w = _signal()
+    files = _phyphox_files(t, w, ",", ".")
+    elsewhere = tmp_path / "elsewhere"
+    _write_folder(elsewhere / "rec", files)
+    _write_zip(elsewhere / "shared.zip", files)
+    _write_folder(tmp_path / "more" / "deep", files)
+    top = tmp_path / "top"
+    _write_folder(top / "real", files)
+    try:
+        (top / "folder link").symlink_to(elsewhere / "rec", target_is_directory=True)
+    except (OSError, NotImplementedError) as e:  # Windows without the privilege
+        pytest.skip(f"cannot create symbolic links here: {e}")
+    (top / "zip link.zip").symlink_to(elsewhere / "shared.zip")
+    (top / "tree link").symlink_to(tmp_path / "more", target_is_directory=True)
+    (top / "real" / "loop").symlink_to(top, target_is_directory=True)  # a link to an ancestor
+    (top / "again").symlink_to(top / "real", target_is_directory=True)  # the same export twice: loaded once, as "real"
+    _write_zip(top / "b.zip", files)
+    (top / "a.zip").symlink_to(top / "b.zip")  # the same zip twice: loaded once, as "b.zip"
+    (top / "sub").mkdir()
+    (top / "sub" / "all").symlink_to(elsewhere, target_is_directory=True)  # both exports, linked above already
+    assert has_phyphox(top / "folder link") and has_phyphox(top / "zip link.zip")
+    segs = load(top)
+    assert sorted(s.name for s in segs) == ["b.zip", "folder link", "real", "tree link/deep", "zip link.zip"]
+    for s in segs:
+        np.testing.assert_allclose(s.omega, w, rtol=RTOL, atol=1e-12)
+    (seg,) = load(top / "folder link")  # the link itself, given as the path
+    np.testing.assert_allclose(seg.t, t, rtol=RTOL)
 
 
 # ----------------------------------------------------------------------------- Sensor Logger

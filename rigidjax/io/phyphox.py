@@ -28,6 +28,7 @@ whole recording; ``windows="detect"``: detected even where ``segments.csv`` exis
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 import zipfile
@@ -254,13 +255,48 @@ def _find_exports(path: Path) -> list[tuple[_Files, Path]]:
         return [(f, path / d if d else path) for f, d in _zip_exports(path)]
     if (path / RAW_DATA).is_file() or any((path / m).is_file() for m in _META):
         return [(_Files(path), path)]
-    found = {p.parent for p in path.rglob(RAW_DATA) if p.is_file()}
-    found |= {p.parent.parent for m in _META for p in path.rglob(m.split("/")[1]) if p.parent.name == "meta"}
-    out = [(_Files(d), d) for d in found]
-    for z in path.rglob("*.zip"):
-        if is_phyphox_zip(z):
-            out += [(f, z / d if d else z) for f, d in _zip_exports(z)]
+    out = []
+    for here, files in _walk(path):
+        if (here / RAW_DATA).is_file() or any((here / m).is_file() for m in _META):
+            out.append((_Files(here), here))
+        for z in (here / f for f in files if f.endswith(".zip")):
+            if is_phyphox_zip(z):
+                out += [(f, z / d if d else z) for f, d in _zip_exports(z)]
     return sorted(out, key=lambda fw: str(fw[1]))
+
+
+def _walk(path: Path):
+    """``(folder, file names)`` of ``path`` and of every folder below it, symbolic links followed
+    (an export may be a link to a folder or a zip kept elsewhere). Each folder and file is
+    listed once: a link to one met already, or to one really below ``path``, is skipped (so a
+    link to an ancestor does not loop, and a link beside its target does not load it twice)."""
+    tree = list(os.walk(path))  # the folders really below path; links to folders are not entered
+    seen_dirs = {os.path.realpath(root) for root, _, _ in tree}
+    seen_files = {
+        os.path.realpath(os.path.join(r, f)) for r, _, fs in tree for f in fs if not os.path.islink(os.path.join(r, f))
+    }
+
+    def new_files(root, files, really_below=False):
+        out = []
+        for f in sorted(files):
+            target = os.path.realpath(os.path.join(root, f))
+            if (really_below and not os.path.islink(os.path.join(root, f))) or target not in seen_files:
+                seen_files.add(target)
+                out.append(f)
+        return out
+
+    for root, dirs, files in tree:
+        yield Path(root), new_files(root, files, really_below=True)
+        for d in sorted(dirs):
+            if not os.path.islink(os.path.join(root, d)):
+                continue
+            for sub, subdirs, subfiles in os.walk(os.path.join(root, d), followlinks=True):
+                real = os.path.realpath(sub)
+                if real in seen_dirs:  # a loop, or a folder searched already
+                    subdirs[:] = []
+                    continue
+                seen_dirs.add(real)
+                yield Path(sub), new_files(sub, subfiles)
 
 
 def has_phyphox(path) -> bool:
