@@ -189,29 +189,51 @@ def main(argv=None) -> int:
 class _PipeSafe:
     """An output stream (stdout, stderr) that stops writing, silently, once its reader has gone
     (``rigidjax fit | head``, ``2>&1 | head``):
-    the command still writes its --json, --plot and --report files and exits with its own code."""
+    the command still writes its --json, --plot and --report files and exits with its own code.
+    Any other failure to write (``> /dev/full``: no space left on device) stops the writing
+    too, and is kept in :attr:`error`: :func:`run` then reports it and exits with status 2."""
 
     def __init__(self, stream):
         self._stream = stream
         self._gone = False
+        self.error: OSError | None = None
+
+    def _try(self, op):
+        if self._gone:
+            return
+        try:
+            op()
+        except BrokenPipeError:
+            self._gone = True
+        except OSError as e:
+            self._gone = True
+            self.error = e
 
     def write(self, text):
-        if not self._gone:
-            try:
-                return self._stream.write(text)
-            except BrokenPipeError:
-                self._gone = True
+        self._try(lambda: self._stream.write(text))
         return len(text)
 
     def flush(self):
-        if not self._gone:
-            try:
-                self._stream.flush()
-            except BrokenPipeError:
-                self._gone = True
+        self._try(self._stream.flush)
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
+
+
+def _output_failed(out: _PipeSafe, err: _PipeSafe) -> bool:
+    """Flush both streams; where writing one failed (not a reader that has gone), say so on
+    stderr (where that still works) and return True."""
+    for stream in (out, err):
+        try:
+            stream.flush()
+        except ValueError:  # a closed stream
+            pass
+    if out.error is not None:
+        sub = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else None
+        cmd = f"rigidjax {sub}" if sub else "rigidjax"
+        err.write(f"{cmd}: error: cannot write to standard output: {out.error.strerror or out.error}\n")
+        err.flush()
+    return out.error is not None or err.error is not None
 
 
 def run() -> None:
@@ -222,14 +244,19 @@ def run() -> None:
     2-core VM (``python -c "import rigidjax.cli"``: 0.5-0.6 s from its last statement to the
     process's end). It is skipped: stdout and stderr are flushed and ``os._exit`` ends the
     process. ``--help``, usage errors and exceptions leave the usual way. Output piped into a
-    reader that stops early (``| head``) is cut there without an error (:class:`_PipeSafe`)."""
-    sys.stdout, sys.stderr = _PipeSafe(sys.stdout), _PipeSafe(sys.stderr)
-    code = main()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe (e.g. `| head`) or a closed stream
-            pass
+    reader that stops early (``| head``) is cut there without an error (:class:`_PipeSafe`);
+    output that cannot be written otherwise (``> /dev/full``) ends in a one-line error and
+    exit status 2 once the command is done (its files written)."""
+    out, err = _PipeSafe(sys.stdout), _PipeSafe(sys.stderr)
+    sys.stdout, sys.stderr = out, err
+    try:
+        code = main()
+    except SystemExit:  # --help, --version, usage errors
+        if _output_failed(out, err):
+            raise SystemExit(2) from None
+        raise
+    if _output_failed(out, err):
+        code = 2
     os._exit(code)
 
 

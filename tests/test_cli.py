@@ -1,6 +1,9 @@
 """Command line `rigidjax simulate`: output file, summary, errors."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -89,3 +92,21 @@ def test_simulate_too_large_step_is_a_clear_error(tmp_path, capsys):
     # |omega| dt = 2 rad: checked mode refuses it with the reason
     assert main(["simulate", "--dt", "1", "--t-end", "3", "--out", str(tmp_path / "t.csv")]) == 2
     assert "ROTATION_LIMIT" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full (writes to it fail: no space left on device)")
+def test_stdout_that_cannot_be_written_is_a_clear_error(tmp_path):
+    """``rigidjax simulate ... > /dev/full``: one line on stderr naming standard output and the
+    reason, exit status 2 (was a traceback, status 1); the files are still written. Also on the
+    way out through argparse (--version)."""
+    env = {**os.environ, "RIGIDJAX_NO_COMPILATION_CACHE": "1"}
+    out = tmp_path / "t.csv"
+    argv = ["simulate", "--dt", "0.1", "--t-end", "0.1", "--out", str(out), "--json", str(tmp_path / "s.json")]
+    for args, cmd in ((argv, "rigidjax simulate"), (["--version"], "rigidjax")):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run(
+                [sys.executable, "-m", "rigidjax", *args], stdout=full, stderr=subprocess.PIPE, text=True, env=env
+            )
+        assert r.returncode == 2, r.stderr
+        assert r.stderr == f"{cmd}: error: cannot write to standard output: No space left on device\n"
+    assert len(pd.read_csv(out)) == 2 and "energy_drift" in json.loads((tmp_path / "s.json").read_text())
