@@ -228,6 +228,44 @@ def test_sensor_logger_orientation(tmp_path):
         load_sensor_logger_motion(_write_folder(tmp_path / "s", bad))
 
 
+def test_sensor_logger_exports_behind_symlinks(tmp_path):
+    """A folder searched for Sensor Logger exports finds one behind a symbolic link (to its
+    folder, to its zip, to a folder holding one) as a real one; a link to an ancestor does not
+    loop, and an export reached twice is loaded once, under its real path where it has one."""
+    t, w = _signal()
+    files = _sensor_logger_files(t, w)
+    elsewhere = tmp_path / "elsewhere"
+    _write_folder(elsewhere / "rec", files)
+    _write_zip(elsewhere / "shared.zip", files, "inner")
+    _write_folder(tmp_path / "more" / "deep", files)
+    top = tmp_path / "top"
+    top.mkdir()
+    try:
+        (top / "linked").symlink_to(elsewhere / "rec", target_is_directory=True)
+    except (OSError, NotImplementedError) as e:  # Windows without the privilege
+        pytest.skip(f"cannot create symbolic links here: {e}")
+    (seg,) = load(top, windows="file")  # the only export is behind a link (was: "no recording found")
+    assert seg.name == "linked"
+    np.testing.assert_array_equal(seg.omega, w)
+    _write_folder(top / "real", files)
+    (top / "real" / "loop").symlink_to(top, target_is_directory=True)  # a link to an ancestor
+    (top / "again").symlink_to(top / "real", target_is_directory=True)  # the same export twice: once, as "real"
+    (top / "zip link.zip").symlink_to(elsewhere / "shared.zip")
+    _write_zip(top / "share.zip", files, "inner")
+    (top / "a.zip").symlink_to(top / "share.zip")  # the same zip twice: once, as "share.zip"
+    (top / "tree").symlink_to(tmp_path / "more", target_is_directory=True)
+    (top / "sub").mkdir()
+    (top / "sub" / "all").symlink_to(elsewhere, target_is_directory=True)  # both exports, linked above already
+    segs = load(top, windows="file")
+    names = ["linked", "real", "tree/deep", "share.zip/inner", "zip link.zip/inner"]  # folders, then zips
+    assert [s.name for s in segs] == names
+    assert [s.name for s in load_sensor_logger(top, windows="file")] == names
+    for s in segs:
+        np.testing.assert_array_equal(s.omega, w)
+    # searched alone, the folder holding only a link to "elsewhere" finds both its exports
+    assert [s.name for s in load(top / "sub", windows="file")] == ["all/rec", "all/shared.zip/inner"]
+
+
 # ----------------------------------------------------------------------------- any CSV
 
 

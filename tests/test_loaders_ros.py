@@ -308,6 +308,44 @@ def test_folder_of_bags(rosbags, tmp_path):
         load(empty)
 
 
+def test_bags_behind_symlinks(rosbags, tmp_path):
+    """A folder searched for bags finds a bag behind a symbolic link (to a rosbag2 folder, to a
+    bag file, to a folder holding bags) as a real one; a link to an ancestor does not loop, and
+    a bag reached twice is listed and loaded once, under its real path where it has one."""
+    t, omega, q, f, _ = _recording()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    _write_bag(elsewhere / "rec", {"/imu": (t, omega, q, f)}, storage="sqlite3")
+    _write_bag1(elsewhere / "x.bag", {"/imu": (t, -omega, q, f)})
+    (tmp_path / "more" / "deep").mkdir(parents=True)
+    _write_bag1(tmp_path / "more" / "deep" / "c.bag", {"/imu": (t, omega, q, f)})
+    top = tmp_path / "top"
+    top.mkdir()
+    try:
+        (top / "tree").symlink_to(tmp_path / "more", target_is_directory=True)
+    except (OSError, NotImplementedError) as e:  # Windows without the privilege
+        pytest.skip(f"cannot create symbolic links here: {e}")
+    assert has_ros_bags(top) and find_ros_bags(top) == [top / "tree" / "deep" / "c.bag"]  # was: none
+    (top / "linked").symlink_to(elsewhere / "rec", target_is_directory=True)
+    _write_bag(top / "b", {"/imu": (t, omega, q, f)}, storage="mcap")
+    (top / "a").symlink_to(top / "b", target_is_directory=True)  # the same bag folder twice: once, as "b"
+    _write_bag1(top / "real.bag", {"/imu": (t, omega, q, f)})
+    (top / "again.bag").symlink_to(top / "real.bag")  # the same bag file twice: once, as "real.bag"
+    (top / "sub").mkdir()
+    (top / "sub" / "up").symlink_to(top, target_is_directory=True)  # a link to an ancestor
+    (top / "sub" / "all").symlink_to(elsewhere, target_is_directory=True)  # "rec" linked above already
+    bags = ["b", "linked", "real.bag", "sub/all/x.bag", "tree/deep/c.bag"]
+    assert find_ros_bags(top) == [top / b for b in bags]
+    segs = load(top, windows="file", topic="/imu")
+    assert [s.name for s in segs] == [f"{b}:/imu" for b in bags]
+    for s, sign in zip(segs, [1, 1, 1, -1, 1]):
+        np.testing.assert_array_equal(s.omega, sign * omega)
+    # searched alone, "sub" reaches "top" through its link "up" (outside it: searched, but not
+    # "sub" again); there the first of two links to one bag is the one listed ("a", "again.bag")
+    sub = ["all/rec", "all/x.bag", "up/a", "up/again.bag", "up/tree/deep/c.bag"]
+    assert find_ros_bags(top / "sub") == [top / "sub" / b for b in sub]
+
+
 def test_without_rosbags_names_the_extra(tmp_path, monkeypatch):
     bag = tmp_path / "rec.mcap"
     bag.write_bytes(b"")

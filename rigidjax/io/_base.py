@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import re
 import zipfile
 from pathlib import Path, PurePosixPath
@@ -217,6 +218,46 @@ def _zip_dirs(archive: zipfile.ZipFile, filename: str) -> list[str]:
         if p.name == filename and not n.startswith("__MACOSX/"):
             out.append(str(p.parent) if str(p.parent) != "." else "")
     return sorted(set(out))
+
+
+def _walk(path: Path):
+    """``(folder, subfolder names, file names)`` of ``path`` and of every folder below it, as
+    :func:`os.walk` (top-down; names sorted; a caller may prune the subfolder list in place),
+    but following symbolic links: a recording kept elsewhere and linked into the searched folder
+    is found as a real one (``Path.rglob`` does not enter linked folders on Python 3.11).
+
+    Each real folder and file is listed once, and the real path wins: a link to a folder or
+    file really below ``path`` is skipped (so a link to an ancestor does not loop, and a link
+    beside its target does not load it twice); of several links to one folder or file outside
+    ``path``, the first met (names in sorted order, depth first) is listed. "File names" are the
+    entries that are not folders, as :func:`os.walk` gives them (broken links included)."""
+    top = os.fspath(path)
+    tree = list(os.walk(top))  # what really lies below path: linked folders are not entered
+    mine_dirs = {os.path.realpath(root) for root, _, _ in tree}
+    mine_files = {
+        os.path.realpath(os.path.join(r, f)) for r, _, fs in tree for f in fs if not os.path.islink(os.path.join(r, f))
+    }
+    really = {top}  # folders reached without a link on the way
+    seen: set[str] = set()  # the real paths of what a link reached
+
+    def new(root: str, names: list[str], mine: set[str]) -> list[str]:
+        out = []
+        for name in sorted(names):
+            full = os.path.join(root, name)
+            if root in really and not os.path.islink(full):
+                out.append(name)  # really below path: its own
+                continue
+            target = os.path.realpath(full)
+            if target not in mine and target not in seen:  # else a loop, or reached already
+                seen.add(target)
+                out.append(name)
+        return out
+
+    for root, dirs, files in os.walk(top, followlinks=True):
+        dirs[:] = new(root, dirs, mine_dirs)
+        if root in really:
+            really.update(os.path.join(root, d) for d in dirs if not os.path.islink(os.path.join(root, d)))
+        yield Path(root), dirs, new(root, files, mine_files)
 
 
 # ----------------------------------------------------------------------------- reading tables

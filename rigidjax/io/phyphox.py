@@ -28,7 +28,6 @@ whole recording; ``windows="detect"``: detected even where ``segments.csv`` exis
 
 from __future__ import annotations
 
-import os
 import re
 import warnings
 import zipfile
@@ -46,6 +45,7 @@ from ._base import (
     _numeric_columns,
     _parse_keep,
     _read_table,
+    _walk,
     _where,
     _zip_dirs,
 )
@@ -256,47 +256,13 @@ def _find_exports(path: Path) -> list[tuple[_Files, Path]]:
     if (path / RAW_DATA).is_file() or any((path / m).is_file() for m in _META):
         return [(_Files(path), path)]
     out = []
-    for here, files in _walk(path):
+    for here, _, files in _walk(path):
         if (here / RAW_DATA).is_file() or any((here / m).is_file() for m in _META):
             out.append((_Files(here), here))
         for z in (here / f for f in files if f.endswith(".zip")):
             if is_phyphox_zip(z):
                 out += [(f, z / d if d else z) for f, d in _zip_exports(z)]
     return sorted(out, key=lambda fw: str(fw[1]))
-
-
-def _walk(path: Path):
-    """``(folder, file names)`` of ``path`` and of every folder below it, symbolic links followed
-    (an export may be a link to a folder or a zip kept elsewhere). Each folder and file is
-    listed once: a link to one met already, or to one really below ``path``, is skipped (so a
-    link to an ancestor does not loop, and a link beside its target does not load it twice)."""
-    tree = list(os.walk(path))  # the folders really below path; links to folders are not entered
-    seen_dirs = {os.path.realpath(root) for root, _, _ in tree}
-    seen_files = {
-        os.path.realpath(os.path.join(r, f)) for r, _, fs in tree for f in fs if not os.path.islink(os.path.join(r, f))
-    }
-
-    def new_files(root, files, really_below=False):
-        out = []
-        for f in sorted(files):
-            target = os.path.realpath(os.path.join(root, f))
-            if (really_below and not os.path.islink(os.path.join(root, f))) or target not in seen_files:
-                seen_files.add(target)
-                out.append(f)
-        return out
-
-    for root, dirs, files in tree:
-        yield Path(root), new_files(root, files, really_below=True)
-        for d in sorted(dirs):
-            if not os.path.islink(os.path.join(root, d)):
-                continue
-            for sub, subdirs, subfiles in os.walk(os.path.join(root, d), followlinks=True):
-                real = os.path.realpath(sub)
-                if real in seen_dirs:  # a loop, or a folder searched already
-                    subdirs[:] = []
-                    continue
-                seen_dirs.add(real)
-                yield Path(sub), new_files(sub, subfiles)
 
 
 def has_phyphox(path) -> bool:
@@ -328,8 +294,8 @@ def load_phyphox(
 
     Args:
         path: an export folder (holding ``Raw Data.csv`` and ``meta/``), an export ``.zip``,
-            a parent folder holding many of either (searched recursively, sorted by path), or
-            a ``Raw Data.csv`` file. Spaces in paths are fine.
+            a parent folder holding many of either (searched recursively, symbolic links
+            followed, each export once; sorted by path), or a ``Raw Data.csv`` file. Spaces in paths are fine.
         keep_only: drop windows whose ``keep`` is false in ``meta/segments.csv`` (default).
             With ``False`` they are returned too (``Segment.keep = False``) where they have
             valid bounds.

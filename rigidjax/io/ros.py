@@ -27,13 +27,12 @@ windows are the free flights detected from the rate, as for app exports without 
 
 from __future__ import annotations
 
-import os
 import warnings
 from pathlib import Path
 
 import numpy as np
 
-from ._base import DataError, Segment
+from ._base import DataError, Segment, _walk
 from .detect import WINDOWS, cut_flights
 from .units import check_plausible
 
@@ -81,16 +80,17 @@ def is_ros_bag(path) -> bool:
 def find_ros_bags(path) -> list[Path]:
     """Every bag in or below ``path``, sorted by path: ``[path]`` where it is a bag itself;
     else the rosbag2 folders (their storage files are part of them, not bags of their own) and
-    the ``.bag`` / ``.mcap`` / ``.db3`` files outside them. Needs no ``rosbags``."""
+    the ``.bag`` / ``.mcap`` / ``.db3`` files outside them. Symbolic links are followed (a bag
+    or a folder of bags kept elsewhere is found), each real folder and file once: a link to an
+    ancestor does not loop, and a link beside its target does not list the bag twice (the real
+    path wins). Needs no ``rosbags``."""
     p = Path(path)
     if is_ros_bag(p):
         return [p]
     if not p.is_dir():
         return []
     found = []
-    for root, dirs, files in os.walk(p):
-        dirs.sort()
-        here = Path(root)
+    for here, dirs, files in _walk(p):  # symbolic links followed, each real folder and file once
         for d in list(dirs):
             if _is_rosbag2_folder(here / d):
                 found.append(here / d)
@@ -227,8 +227,8 @@ def load_ros(
 
     Args:
         path: a rosbag2 folder (with ``metadata.yaml``), a ``.mcap`` / ``.db3`` file, a ROS 1
-            ``.bag`` file, or a folder holding any of them (searched recursively; each bag is
-            a recording, in the order of their paths; :func:`find_ros_bags`).
+            ``.bag`` file, or a folder holding any of them (searched recursively, symbolic links
+            followed; each bag is a recording, in the order of their paths; :func:`find_ros_bags`).
         topic: the Imu topic to read (of every bag); default: each bag's only one.
         check_units: run :func:`rigidjax.io.units.check_plausible`.
         windows: ``auto`` (default): the detected free flights (:mod:`rigidjax.io.detect`),

@@ -33,6 +33,7 @@ from ._base import (
     _read_table,
     _require_columns,
     _unit_quaternions,
+    _walk,
     _zip_dirs,
 )
 from .detect import WINDOWS, cut_flights
@@ -62,15 +63,21 @@ def is_sensor_logger(path) -> bool:
 
 
 def _exports(path: Path, name: str) -> list[tuple[_Files, str]]:
-    """``(files, label)`` of every export holding ``name`` in or below ``path`` (folders, zips)."""
+    """``(files, label)`` of every export holding ``name`` in or below ``path`` (folders, then
+    zips, each sorted by path; symbolic links followed, :func:`rigidjax.io._base._walk`)."""
     if path.is_file():
         archive = _Files.open_zip(path)
         dirs = _zip_dirs(archive, name)
         return [(_Files(path, archive, d), str(PurePosixPath(path.name, d)) if d else path.name) for d in dirs]
     if (path / name).is_file():
         return [(_Files(path), path.name)]
-    out = [(_Files(f.parent), str(f.parent.relative_to(path))) for f in sorted(path.rglob(name))]
-    for z in sorted(path.rglob("*.zip")):
+    folders, zips = [], []
+    for here, _, files in _walk(path):  # symbolic links followed, each real folder and file once
+        if name in files:
+            folders.append(here)
+        zips += [here / f for f in files if f.endswith(".zip")]
+    out = [(_Files(d), str(d.relative_to(path))) for d in sorted(folders)]
+    for z in sorted(zips):
         if is_sensor_logger(z):
             out += [(f, str(Path(z.relative_to(path).parent, lab))) for f, lab in _exports(z, name)]
     return out
@@ -117,7 +124,8 @@ def load_sensor_logger(
 
     Args:
         path: an export folder (holding ``Gyroscope.csv``), its ``.zip``, or a folder holding
-            many of either (searched recursively, sorted by path).
+            many of either (searched recursively, symbolic links followed, each export once;
+            sorted by path).
         keep_only: as :func:`rigidjax.io.load_phyphox` (for a ``segments.csv`` beside
             ``Gyroscope.csv``).
         time_unit: unit of ``seconds_elapsed`` (default s) or, without it, of ``time``
