@@ -74,6 +74,16 @@ class AbstractStepper(eqx.Module):
         is none (the rollouts then run :meth:`__call__`)."""
         return None
 
+    def rate_step(self, model) -> Callable | None:
+        """The step of the body angular velocity alone, where it evolves independently of the
+        rest of the state on ``model`` (e.g. a free body: Euler's equations), or ``None``.
+
+        ``rate_step(omega (3,), torque (3,) or None, dt) -> (omega', status)`` with the
+        stepper's own numbers and status rule for ``omega'`` (round-off apart): a fit whose
+        observations read only the body rate (:mod:`rigidjax.identify`) rolls it out instead
+        of the whole state, so its Jacobian carries 3 components instead of the state's 13."""
+        return None
+
 
 def check_options(stepper, *, rotation=True, newton=True) -> None:
     """The option checks every stepper shares (``ValueError`` naming the option):

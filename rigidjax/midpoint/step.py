@@ -7,12 +7,16 @@ from typing import Literal
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from ..body import RigidBody, RigidBodyState, check_step_inputs
-from ..info import StepInfo
+from ..info import StepInfo, rotation_status, step_status
+from ..numerics import norm3
 from ..stepper import AbstractStepper, PackedStep, check_options, make
 from .adjoint import discrete_adjoint_scan
-from .core import _packed_step, pack_state, unpack_state
+from .core import _packed_step, _valid_inputs, pack_state, unpack_state
+from .equations import angular_velocity_step
 
 __all__ = ["Midpoint", "midpoint_step"]
 
@@ -81,6 +85,33 @@ class Midpoint(AbstractStepper):
             discrete_adjoint=functools.partial(discrete_adjoint_scan, attitude=self.attitude),
             native_batch=True,
         )
+
+    def rate_step(self, model):
+        """The body-rate part of this step (see :meth:`rigidjax.stepper.AbstractStepper.rate_step`):
+        :func:`rigidjax.midpoint.angular_velocity_step` with the step's validity, acceptance
+        and rotation-limit rule, for a :class:`RigidBody` whose resistance does not couple
+        translation and rotation (its off-diagonal 3x3 blocks known to be zero: a resistance
+        being fitted, i.e. traced, gives ``None``). Gravity, applied forces and the attitude
+        then do not enter ``omega'``."""
+        if not isinstance(model, RigidBody) or isinstance(model.resistance, jax.core.Tracer):
+            return None
+        R = np.asarray(model.resistance)
+        if R.ndim != 2 or np.any(R[:3, 3:]) or np.any(R[3:, :3]):
+            return None
+        max_rotation = self.max_rotation
+        damping = R[3:, 3:] if np.any(R[3:, 3:]) else None
+
+        def step(omega, torque, dt):
+            dt = jnp.asarray(dt, omega.dtype)
+            valid = _valid_inputs(model, dt, ())
+            w1 = angular_velocity_step(model.inertia, omega, dt, damping=damping, torque=torque)
+            ok = jnp.all(jnp.isfinite(w1)) & valid
+            n0 = norm3(tuple(omega[i] for i in range(3)))
+            rotation = jnp.where(ok, jnp.maximum(n0, norm3(tuple(w1[i] for i in range(3)))), n0) * dt
+            status = rotation_status(step_status(finite=ok | ~valid, valid=valid), rotation, max_rotation)
+            return jnp.where(ok, w1, omega), status
+
+        return step
 
 
 def midpoint_step(

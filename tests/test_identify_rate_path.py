@@ -1,0 +1,166 @@
+"""The identification layer's body-rate rollout: a problem whose observations read only the
+body rate (a gyroscope) rolls out the rate alone (``Midpoint.rate_step``: Euler's equations
+through :func:`rigidjax.midpoint.angular_velocity_step`), not the whole rigid-body state.
+
+The independent truth here is the whole-state rollout of :func:`rigidjax.rollout` through the
+public midpoint step: the same problem with a signal map that is not the default object takes
+that path. Both must give the same residuals, Jacobians (forward mode) and step statuses to
+round-off (1e-12 relative: two orderings of the same float64 arithmetic, ~100 steps), and
+the same fit.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import rigidjax as rj
+from rigidjax import identify
+from rigidjax.identify import _program
+from rigidjax.identify import observations as obs
+from rigidjax.identify import transforms as tr
+from rigidjax.identify.problem import _Layout
+from rigidjax.info import Status
+
+jax.config.update("jax_enable_x64", True)
+
+
+def _whole_state(model, states):
+    """The default signal map by another object: the layer then rolls out the whole state."""
+    return obs.rigid_body_signals(model, states)
+
+
+def _problem(*, stepper=None, signals=obs.rigid_body_signals, observations=None, resistance=None, parameters=None):
+    rng = np.random.default_rng(3)
+    n, dt = 40, 0.01
+    segs = []
+    for s in range(2):
+        t = np.arange(n) * dt + 0.3 * s
+        omega = np.array([0.4, 2.5, -0.6]) + 0.3 * rng.standard_normal((n, 3))
+        torque = np.stack([np.sin(5 * t[:-1]), 0.7 * np.cos(3 * t[:-1]), 0.4 + 0 * t[:-1]], -1)
+        force = rng.standard_normal((n - 1, 3))  # world force: no torque on a free body
+        segs.append(
+            identify.MeasuredSegment(
+                t=t,
+                data={"omega": omega},
+                state0=rj.RigidBodyState(orientation=jnp.array([1.0, 0, 0, 0]), angular_velocity=jnp.asarray(omega[0])),
+                inputs=np.concatenate([force, torque], -1),
+                name=f"s{s}",
+            )
+        )
+    R = np.zeros((6, 6)) if resistance is None else resistance
+    if resistance is None:
+        R[3:, 3:] = np.diag([0.05, 0.02, 0.08])
+        R[:3, :3] = 0.3 * np.eye(3)
+    model = rj.RigidBody(1.5, jnp.diag(jnp.array([1.0, 2.0, 2.8])), resistance=R, gravity=jnp.array([0.0, 0, -9.81]))
+    return identify.Problem(
+        model=model,
+        stepper=rj.Midpoint() if stepper is None else stepper,
+        parameters=parameters
+        or {
+            "moments": identify.Parameter(
+                lambda m: m.inertia, tr.Real(), into=jnp.diag, start=np.array([1.1, 1.9, 2.7])
+            )
+        },
+        observations=observations
+        or [obs.AngularVelocity(bias=True, gain=True, misalignment=True, max_delay=0.02, sigma=0.01)],
+        segments=segs,
+        initial=identify.FreeBodyInitial(("angular_velocity",)),
+        signals=signals,
+        substeps=2,
+    )
+
+
+def _evaluate(problem, X, jacobian=True):
+    """``(r, status, J)`` (``jacobian=False``: ``(r, status)``) of the layer's compiled program
+    at the points ``X (rows, P)``."""
+    layout = _Layout(problem)
+    _, arrays = _program._stack_many([problem], jnp.float64, 40)
+    run = _program._program(problem, layout, jnp.float64, jacobian=jacobian)
+    return tuple(np.asarray(a) for a in run(arrays, jnp.asarray(X), jnp.zeros(len(X), int)))
+
+
+def _points(problem):
+    x0 = _Layout(problem).start()
+    rng = np.random.default_rng(0)
+    return np.stack([x0, x0 + 0.05 * rng.standard_normal(x0.shape)])
+
+
+def test_rate_rollout_equals_the_whole_state_rollout():
+    fast, slow = _problem(), _problem(signals=_whole_state)
+    assert _program._rate_step(fast, fast.model) is not None
+    assert _program._rate_step(slow, slow.model) is None
+    X = _points(fast)
+    r1, s1, J1 = _evaluate(fast, X)
+    r2, s2, J2 = _evaluate(slow, X)
+    np.testing.assert_array_equal(s1, s2)
+    assert np.all(s1 == Status.SUCCESS)
+    np.testing.assert_allclose(r1, r2, rtol=1e-12, atol=1e-12 * np.abs(r2).max())
+    np.testing.assert_allclose(J1, J2, rtol=1e-12, atol=1e-12 * np.abs(J2).max())
+    assert np.abs(J1).max() > 0
+
+
+def test_rate_rollout_gives_the_steps_statuses():
+    # an inertia violating the triangle inequality: INVALID_INPUT from the first step
+    fast, slow = _problem(), _problem(signals=_whole_state)
+    X = _points(fast)[:1].copy()
+    X[0, :3] = [1.0, 1.0, 3.0]
+    for p in (fast, slow):
+        _, status = _evaluate(p, X, jacobian=False)
+        assert np.all(status == Status.INVALID_INPUT), status
+    # a rotation limit below the motion's: ROTATION_LIMIT, the same in both
+    tight = rj.Midpoint(max_rotation=0.01)
+    fast, slow = _problem(stepper=tight), _problem(stepper=tight, signals=_whole_state)
+    X = _points(fast)
+    s1, s2 = _evaluate(fast, X, jacobian=False)[1], _evaluate(slow, X, jacobian=False)[1]
+    np.testing.assert_array_equal(s1, s2)
+    assert np.all(s1 == Status.ROTATION_LIMIT), s1
+
+
+def test_whole_state_where_the_rate_does_not_evolve_alone():
+    coupled = np.zeros((6, 6))
+    coupled[0, 4] = coupled[4, 0] = 0.1  # translation-rotation coupling: omega' needs v
+    fitted_resistance = {
+        "moments": identify.Parameter(lambda m: m.inertia, tr.Real(), into=jnp.diag, start=np.array([1.1, 1.9, 2.7])),
+        "resistance": identify.Parameter(lambda m: m.resistance, tr.Real(), start=np.zeros((6, 6))),
+    }
+    for p in (
+        _problem(resistance=coupled),
+        _problem(parameters=fitted_resistance),
+        _problem(observations=[obs.AngularVelocity(sigma=0.01), obs.Position(key="omega", sigma=0.01)]),
+        _problem(stepper=lambda m, s, u, dt: rj.Midpoint()(m, s, u, dt)),
+    ):
+        assert _traced_rate_step(p) is None
+    assert _traced_rate_step(_problem()) is not None
+
+
+def _traced_rate_step(p):
+    """:func:`_program._rate_step` on the model as the compiled program sees it (fitted leaves traced)."""
+    layout, found = _Layout(p), []
+    jax.eval_shape(lambda x: found.append(_program._rate_step(p, layout.model(x))), jnp.asarray(layout.start()))
+    return found[0]
+
+
+def test_fit_through_the_rate_rollout_equals_the_whole_state_fit():
+    fits = [
+        identify.fit(_problem(signals=s), starts=2, step_check="off") for s in (obs.rigid_body_signals, _whole_state)
+    ]
+    a, b = fits
+    assert a.status == b.status
+    np.testing.assert_allclose(a.values["moments"], b.values["moments"], rtol=1e-9)
+    np.testing.assert_allclose(a.se["moments"], b.se["moments"], rtol=1e-7)
+    np.testing.assert_allclose(a.cost, b.cost, rtol=1e-10)
+
+
+@pytest.mark.parametrize("attitude", ["new", "midpoint"])
+def test_rate_step_is_the_midpoint_steps_rate(attitude):
+    body = rj.RigidBody(2.0, jnp.diag(jnp.array([1.0, 2.0, 2.8])), gravity=jnp.array([0.0, 0, -9.81]))
+    state = rj.RigidBodyState(orientation=jnp.array([0.8, 0.6, 0, 0]), angular_velocity=jnp.array([0.4, 2.5, -0.6]))
+    wrench = jnp.array([1.0, -2.0, 0.5, 0.3, 0.1, -0.2])
+    stepper = rj.Midpoint(attitude=attitude)
+    full, info = stepper(body, state, wrench, 0.02)
+    w1, status = stepper.rate_step(body)(state.angular_velocity, wrench[3:], 0.02)
+    np.testing.assert_allclose(w1, full.angular_velocity, rtol=1e-14, atol=1e-15)
+    assert int(status) == int(info.status) == Status.SUCCESS
