@@ -18,17 +18,16 @@ Rows:
   process, both cores).
 * ``rigidjax joint``: one inertia for the pooled windows (the recordings it refuses to pool
   are named in its status).
-* ``rigidjax identify.fit``: the general layer (:func:`rigidjax.identify.fit`) with the same
-  model: ``transforms.MomentRatios`` (fit_inertia's box chart, edges reached exactly),
+* ``rigidjax identify.fit_many``: the general layer (:func:`rigidjax.identify.fit_many`) with
+  the same model: ``transforms.MomentRatios`` (fit_inertia's box chart, edges reached exactly),
   ``AngularVelocity(bias=False, sigma=1)``, ``FreeBodyInitial(("angular_velocity",))``, the
   midpoint step with the sub-steps ``fit_inertia`` chose for the window (its adapted
   ``substeps``), ``--starts`` starts from the same equation-error start as SciPy's (the rest
   random, the layer's ``spread``); one problem per window, every window padded to the
-  longest (one compiled program per sub-step count). On the ``N`` windows the baselines fit,
-  timed like them (cold: first pass, compilation included; warm: second pass) and
-  extrapolated to all windows (the cold time overstates: a program is compiled once per
-  sub-step count, not per window); per window its DOP853 cost against the best and its
-  estimates against fit_inertia's in fit_inertia's standard errors.
+  longest, one ``fit_many`` call per sub-step count (one compiled program each), on every
+  window, timed cold (first pass, compilation included) and warm (second pass); per window
+  (the ``N`` baseline windows, column ``identify.fit``) its DOP853 cost against the best and
+  its estimates against fit_inertia's in fit_inertia's standard errors.
 * ``scipy least_squares + solve_ivp``: the straightforward approach, per window,
   ``scipy.optimize.least_squares`` (trust-region reflective, finite-difference Jacobian)
   around ``scipy.integrate.solve_ivp`` (RK45, rtol 1e-6, atol 1e-8) of Euler's equations,
@@ -61,7 +60,6 @@ data are not redistributed: read from ``../shared/data`` beside the clone (or ``
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import os
@@ -134,64 +132,86 @@ def _inertia(m):
     return m.inertia
 
 
-_LAYER = {}
-
-
-def layer_fit(seg, start, substeps: int, starts: int, pad_to: int) -> dict:
-    """One window with the general layer, :func:`rigidjax.identify.fit` (the row ``rigidjax
-    identify.fit``, see module): ``start = (Ix/Iy, Iz/Iy)``, ``omega0`` from the first sample.
-    Returns ``Ix/Iy``, ``Iz/Iy``, ``omega0``, ``rms`` (its own, midpoint at ``substeps``),
-    ``status``, ``message``, ``iterations``, ``se`` (the layer's: the larger of the classical and
-    the block-sandwich estimate), ``se_classical`` (``s^2 (J^T J)^-1``, as fit_inertia's),
-    ``at_edge`` (a chart coordinate held at a bound), ``cpu_s``, ``wall_s``."""
+def layer_problem(seg, start, substeps: int):
+    """One window as a :class:`rigidjax.identify.Problem` of the general layer (the row
+    ``rigidjax identify.fit_many``, see module): ``start = (Ix/Iy, Iz/Iy)`` projected onto the
+    valid box (as SciPy's and sysid's: an equation-error start may violate it), ``omega0``
+    from the first sample, ``substeps`` fit_inertia's for the window. Module-level selector
+    and one stepper, observation and initial-state object: windows of one sub-step count
+    are problems of one structure (one compiled program)."""
     import jax.numpy as jnp
 
     import rigidjax as rj
     from rigidjax import identify
-    from rigidjax.identify import observations as obs
     from rigidjax.identify import transforms as tr
 
-    if not _LAYER:  # one object each: problems of one structure share a compiled program
-        _LAYER.update(
-            model=rj.RigidBody(1.0, np.eye(3)),
-            stepper=rj.Midpoint(max_rotation=float("inf")),
-            parameter=identify.Parameter(_inertia, tr.MomentRatios(), into=tr.MomentRatios.inertia),
-            observations=[obs.AngularVelocity(bias=False, sigma=1.0)],
-            initial=identify.FreeBodyInitial(("angular_velocity",)),
-        )
-    t0, c0 = time.perf_counter(), _cpu()
     state0 = rj.RigidBodyState(orientation=jnp.array([1.0, 0, 0, 0]), angular_velocity=jnp.asarray(seg.omega[0]))
-    problem = identify.Problem(
-        model=_LAYER["model"],
+    return identify.Problem(
+        model=rj.RigidBody(1.0, np.eye(3)),
         stepper=_LAYER["stepper"],
-        # the start projected onto the valid box (as SciPy's and sysid's: an equation-error start may violate it)
-        parameters={"ratios": dataclasses.replace(_LAYER["parameter"], start=np.array(ratios(chart(*start))))},
+        parameters={
+            "ratios": identify.Parameter(
+                _inertia, tr.MomentRatios(), into=tr.MomentRatios.inertia, start=np.array(ratios(chart(*start)))
+            )
+        },
         observations=_LAYER["observations"],
         segments=[identify.MeasuredSegment(t=seg.t - seg.t[0], data={"omega": seg.omega}, state0=state0)],
         initial=_LAYER["initial"],
         substeps=int(substeps),
     )
-    f = identify.fit(problem, starts=starts, pad_to=pad_to)
-    ix, iz = (float(v) for v in f.values["ratios"])
-    return {
-        "Ix/Iy": ix,
-        "Iz/Iy": iz,
-        "omega0": [float(v) for v in f.initial[0]],
-        "rms": float(f.rms[0]),
-        "se": [float(v) for v in f.se["ratios"]],
-        "se_classical": [float(v) for v in f.se_classical["ratios"]],
-        "status": str(f.status.value),
-        "message": f.message,
-        "iterations": int(f.iterations),
-        "starts_at_best": int(f.starts_at_best),
-        # the sub-steps the fit ended with (where identify.fit refines them by its own step-error check)
-        "substeps": int(getattr(f, "substeps", substeps)),
-        "substeps_given": int(substeps),
-        "at_edge": "held at a bound" in f.message,
-        "chart": [float(v) for v in f.x[:2]],
-        "cpu_s": _cpu() - c0,
-        "wall_s": time.perf_counter() - t0,
-    }
+
+
+_LAYER: dict = {}
+
+
+def layer_fits(segs, starts_of, substeps, starts: int, pad_to: int) -> tuple[dict, float, float]:
+    """Every window with :func:`rigidjax.identify.fit_many`: one call per sub-step count
+    (``substeps[i]``, fit_inertia's), every window padded to ``pad_to``. Returns ``({window
+    index: result}, wall s, CPU s)``; each result: ``Ix/Iy``, ``Iz/Iy``, ``omega0``, ``rms``
+    (its own, midpoint at its sub-steps), ``se`` (the layer's: the larger of the classical and
+    the block-sandwich estimate), ``se_classical`` (``s^2 (J^T J)^-1``, as fit_inertia's),
+    ``status``, ``message``, ``iterations``, ``starts_at_best``, ``substeps`` (after the
+    layer's own step-error check), ``at_edge`` (a chart coordinate held at a bound),
+    ``chart``, ``cpu_s`` (its call's CPU divided by its windows)."""
+    import rigidjax as rj
+    from rigidjax import identify
+    from rigidjax.identify import observations as obs
+
+    if not _LAYER:
+        _LAYER.update(
+            stepper=rj.Midpoint(max_rotation=float("inf")),
+            observations=[obs.AngularVelocity(bias=False, sigma=1.0)],
+            initial=identify.FreeBodyInitial(("angular_velocity",)),
+        )
+    out = {}
+    t0, c0 = time.perf_counter(), _cpu()
+    for k in sorted(set(substeps)):
+        idx = [i for i in range(len(segs)) if substeps[i] == k]
+        tc = _cpu()
+        fits = identify.fit_many(
+            [layer_problem(segs[i], starts_of(segs[i]), k) for i in idx], starts=starts, pad_to=pad_to
+        )
+        cpu_each = (_cpu() - tc) / len(idx)
+        for i, f in zip(idx, fits):
+            ix, iz = (float(v) for v in f.values["ratios"])
+            out[i] = {
+                "Ix/Iy": ix,
+                "Iz/Iy": iz,
+                "omega0": [float(v) for v in f.initial[0]],
+                "rms": float(f.rms[0]),
+                "se": [float(v) for v in f.se["ratios"]],
+                "se_classical": [float(v) for v in f.se_classical["ratios"]],
+                "status": str(f.status.value),
+                "message": f.message,
+                "iterations": int(f.iterations),
+                "starts_at_best": int(f.starts_at_best),
+                "substeps": int(f.substeps),
+                "substeps_given": int(k),
+                "at_edge": "held at a bound" in f.message,
+                "chart": [float(v) for v in f.x[:2]],
+                "cpu_s": cpu_each,
+            }
+    return out, time.perf_counter() - t0, _cpu() - c0
 
 
 def _dop853_rms(seg, ix, iz, w0) -> float:
@@ -307,16 +327,16 @@ def main(argv=None) -> int:
         moments = np.maximum(th[:3], 1e-3 * np.sum(np.abs(th[:3])))
         return np.array([moments[0], moments[2]]) / moments[1]
 
-    # the general layer on the baseline windows: two passes (cold, warm), fit_inertia's sub-steps
+    # the general layer on every window: two passes (cold, warm), fit_inertia's sub-steps
     pad_to = max(s.n for s in segs)
-    layer_times, layer = [], {}
+    layer_times = []
     for _ in range(2):
-        t0, c0 = time.perf_counter(), _cpu()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            for i in pick:
-                layer[i] = layer_fit(segs[i], _start(segs[i]), ours.segments[i]["substeps"], args.starts, pad_to)
-        layer_times.append((time.perf_counter() - t0, _cpu() - c0))
+            layer, wall, cpu = layer_fits(
+                segs, _start, [ours.segments[i]["substeps"] for i in range(len(segs))], args.starts, pad_to
+            )
+        layer_times.append((wall, cpu))
     per_window = []
     for i in pick:
         s = segs[i]
@@ -389,19 +409,18 @@ def main(argv=None) -> int:
         rigidjax_rms_same_windows=float(np.sqrt(np.nanmean(ours_ref**2))),
         scipy_rms_over_rigidjax_same_windows=[float(b / a) for a, b in zip(ours_ref, scipy_rms)],
     )
-    rows["rigidjax identify.fit"] = {
-        "cold_s": layer_times[0][0] * scale,
-        "warm_s": layer_times[1][0] * scale,
-        "cold_cpu_s": layer_times[0][1] * scale,
-        "warm_cpu_s": layer_times[1][1] * scale,
-        "windows": n_base,
-        "extrapolated_to": len(segs),
-        "Ix/Iy": float(np.median([w["identify.fit"]["Ix/Iy"] for w in per_window])),
-        "Iz/Iy": float(np.median([w["identify.fit"]["Iz/Iy"] for w in per_window])),
-        "rms": float(np.sqrt(np.mean([w["identify.fit"]["rms"] ** 2 for w in per_window]))),
-        "status": f"{sum(w['identify.fit']['status'] == 'converged' for w in per_window)} of {n_base} converged",
-        "method": "rigidjax.identify.fit: MomentRatios, AngularVelocity(bias=False), "
-        "FreeBodyInitial(angular_velocity), midpoint at fit_inertia's sub-steps",
+    rows["rigidjax identify.fit_many"] = {
+        "cold_s": layer_times[0][0],
+        "warm_s": layer_times[1][0],
+        "cold_cpu_s": layer_times[0][1],
+        "warm_cpu_s": layer_times[1][1],
+        "windows": len(segs),
+        "Ix/Iy": float(np.median([r["Ix/Iy"] for r in layer.values()])),
+        "Iz/Iy": float(np.median([r["Iz/Iy"] for r in layer.values()])),
+        "rms": float(np.sqrt(np.mean([r["rms"] ** 2 for r in layer.values()]))),
+        "status": f"{sum(r['status'] == 'converged' for r in layer.values())} of {len(segs)} converged",
+        "method": "rigidjax.identify.fit_many: MomentRatios, AngularVelocity(bias=False), "
+        "FreeBodyInitial(angular_velocity), midpoint at fit_inertia's sub-steps, one call per sub-step count",
     }
     if why_not is None:
         rows["mujoco.sysid"] = _baseline_row(
@@ -416,6 +435,10 @@ def main(argv=None) -> int:
         "baseline_windows": n_base,
         "cpu_ratio_cold": rows["scipy least_squares + solve_ivp"]["cold_cpu_s"] / pw["cold_cpu_s"],
         "cpu_ratio_warm": rows["scipy least_squares + solve_ivp"]["cold_cpu_s"] / pw["warm_cpu_s"],
+        "identify_fit_many_cpu_ratio_warm": rows["scipy least_squares + solve_ivp"]["cold_cpu_s"]
+        / rows["rigidjax identify.fit_many"]["warm_cpu_s"],
+        "identify_fit_many_cpu_ratio_cold": rows["scipy least_squares + solve_ivp"]["cold_cpu_s"]
+        / rows["rigidjax identify.fit_many"]["cold_cpu_s"],
         # SciPy's fit of the same window (one start, its own RK45 residual), against rigidjax's estimate under DOP853
         "scipy_cost_excess_median": float(np.nanmedian(ratio_scipy)),
         "scipy_cost_excess_max": float(np.nanmax(ratio_scipy)),
@@ -500,7 +523,9 @@ def main(argv=None) -> int:
         f"{100 * summary['scipy_cost_excess_max']:+.1f} %, against rigidjax's under DOP853)."
     )
     print(
-        "identify.fit (the general layer, fit_inertia's sub-steps): cost under DOP853 at most "
+        f"identify.fit_many (the general layer, all {len(segs)} windows, fit_inertia's sub-steps): "
+        f"{summary['identify_fit_many_cpu_ratio_warm']:.0f}x less CPU than SciPy warm, "
+        f"{summary['identify_fit_many_cpu_ratio_cold']:.0f}x cold; cost under DOP853 at most "
         f"{100 * summary['identify_fit_cost_excess_max']:+.3f} % above the best on any window; estimates within "
         f"{summary['identify_fit_max_diff_se_vs_fit_inertia']:.3g} of fit_inertia's standard errors of its estimates."
     )
