@@ -172,3 +172,61 @@ def test_path_taken_by_a_folder_leaves_nothing_behind(folder):
     assert "cannot be used" in text and "programs are not stored" in text, text
     np.testing.assert_allclose(np.asarray(out[1]), 6.0)
     assert [p.name for p in folder.iterdir()] == [path.name]
+
+
+def _torque_motion(scale=1.0):
+    """A gyroscope with known body torques (Euler's equations, no noise needed: the store is
+    about which program runs, not about the estimate)."""
+    from rigidjax.io import Motion
+
+    t = np.arange(40) * 0.01
+    omega = np.stack([0.3 + np.sin(3 * t), 2.0 + 0.1 * t, 0.4 * np.cos(2 * t)], -1)
+    torque = scale * np.stack([0.5 * np.sin(3 * t), 0.4 * np.cos(2 * t), 0.3 + 0 * t], -1)
+    return Motion(t=t, omega=omega, orientation=None, position=None, torque=torque, source="test")
+
+
+def test_layer_programs_stored_and_loaded(folder, monkeypatch):
+    """identify.fit of a problem built by the library (recipes.free_body_problem, what the
+    command line fits for a CSV with torques): its residual-and-Jacobian and values programs
+    are exported once; a fresh process (the in-memory programs forgotten) loads them, exports
+    nothing and gives the same fit bit for bit."""
+    from jax import export
+
+    from rigidjax import identify
+    from rigidjax.identify import _problem_result, _program, recipes
+
+    problem = recipes.free_body_problem(_torque_motion(), bias=False)
+    first = identify.fit(problem, starts=2, step_check="off")
+    assert len(list(folder.glob("*.jaxexport"))) >= 2
+    _program._PROGRAMS.clear()
+    _problem_result._VALUE_PROGRAMS.clear()
+    exported = []
+    real = export.export
+    monkeypatch.setattr(export, "export", lambda *a, **k: exported.append(1) or real(*a, **k))
+    second = identify.fit(recipes.free_body_problem(_torque_motion(), bias=False), starts=2, step_check="off")
+    assert exported == []
+    assert second.status == first.status
+    np.testing.assert_array_equal(second.x, first.x)
+    np.testing.assert_array_equal(second.covariance, first.covariance)
+
+
+def test_layer_store_keys():
+    """A program is named by what it computes: equal for two problems built alike, different
+    for another model constant; none (never stored) where the problem holds a function from
+    outside rigidjax and JAX, whose code the store's fingerprint does not cover."""
+    import dataclasses
+
+    from rigidjax.identify import _program, recipes
+    from rigidjax.identify.problem import _Layout
+
+    def key(p):
+        return _program._stable_key(p, _Layout(p), jnp.float64, True)
+
+    a, b = (recipes.free_body_problem(_torque_motion(), bias=False) for _ in range(2))
+    assert key(a) is not None and key(a) == key(b)
+    assert key(recipes.free_body_problem(_torque_motion(), bias=True)) != key(a)
+    heavier = dataclasses.replace(a, model=dataclasses.replace(a.model, mass=a.model.mass * 2))
+    assert key(heavier) != key(a)
+    mine = dict(a.parameters)
+    mine["moments"] = dataclasses.replace(mine["moments"], where=lambda m: m.inertia)  # the user's own selector
+    assert key(dataclasses.replace(a, parameters=mine)) is None

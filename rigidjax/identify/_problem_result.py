@@ -12,7 +12,8 @@ import numpy as np
 
 from ..info import Status
 from . import _lm
-from ._program import _structure
+from ._program import _stable_key, _structure
+from ._stored import stored
 from ._result import FitStatus, pm
 
 
@@ -201,8 +202,9 @@ def _values_and_jacobian(problem, layout, dtype):
         ng = layout.n_global
         Tv = jax.jacfwd(lambda xg: flat_values(layout, jnp.concatenate([xg, x[ng:]])))(x[:ng])
         mv, sv = layout.values(x)
-        # lists: a dict leaving jit comes back with its keys sorted, not in the problem's order
-        return list(mv.values()), [list(d.values()) for d in sv], Tv, layout.model(x)
+        # lists: a dict leaving jit comes back with its keys sorted, not in the problem's order;
+        # the model as its leaves (a stored program returns no custom pytree nodes)
+        return list(mv.values()), [list(d.values()) for d in sv], Tv, jax.tree_util.tree_leaves(layout.model(x))
 
     key = _structure(problem, layout, dtype, jacobian="values")
     if key is None:
@@ -211,8 +213,10 @@ def _values_and_jacobian(problem, layout, dtype):
         if key not in _VALUE_PROGRAMS:
             if len(_VALUE_PROGRAMS) >= 32:
                 _VALUE_PROGRAMS.pop(next(iter(_VALUE_PROGRAMS)))
-            _VALUE_PROGRAMS[key] = jax.jit(f)
+            stable = _stable_key(problem, layout, dtype, "values")
+            _VALUE_PROGRAMS[key] = jax.jit(f) if stable is None else stored(jax.jit(f), ("identify.values", stable))
         run = _VALUE_PROGRAMS[key]
+    model_tree = jax.tree_util.tree_structure(problem.model)
     model_names = [name for kind, name, *_ in layout.slots if kind == "model"]
     sensor_names = [
         [name for kind, name, *_ in layout.slots if kind == f"sensor{i}"] for i in range(len(problem.observations))
@@ -224,7 +228,7 @@ def _values_and_jacobian(problem, layout, dtype):
             dict(zip(model_names, mv)),
             [dict(zip(names, d)) for names, d in zip(sensor_names, sv)],
             Tv,
-            model,
+            jax.tree_util.tree_unflatten(model_tree, model),
         )
 
     return values_and_jacobian

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import hashlib
 import types
 from typing import Any
 
@@ -18,6 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ..info import FAILURES, Status
 from ..rollout import rollout
 from ..stepper import AbstractStepper, as_stepper
+from ._stored import stored
 from .observations import rigid_body_signals
 
 
@@ -54,7 +56,9 @@ def _stack_many(problems, dtype, N: int):
     """``(stacked per problem, arrays)``: each problem's :class:`_Stacked` at length ``N``, and
     their :meth:`_Stacked.arrays` stacked along a new leading axis (one row per problem)."""
     stacked = [_stack_segments(p, dtype, N) for p in problems]
-    arrays = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *[s.arrays() for s in stacked])
+    arrays = jax.tree_util.tree_map(
+        lambda *a: jax.device_put(np.stack([np.asarray(x) for x in a])), *[s.arrays() for s in stacked]
+    )
     return stacked, arrays
 
 
@@ -79,15 +83,21 @@ def _stack_segments(problem, dtype, pad_to: int | None = None) -> _Stacked:
     data = {o.key: np.stack([pad(s.data[o.key]) for s in segs]) for o in problem.observations}
     weights = [np.stack([pad(o.weight(np.asarray(s.t, float))) for s in segs]) for o in problem.observations]
     steps = np.arange((N - 1) * k)[None, :] // k < (n[:, None] - 1)
-    state0 = jax.tree_util.tree_map(lambda *a: jnp.stack([jnp.asarray(x, dtype) for x in a]), *[s.state0 for s in segs])
+    # built in NumPy and moved with device_put: jnp.stack, jnp.repeat and even jnp.asarray bind
+    # an operation that is compiled once per shape in every process (~0.7 s of a repeated
+    # command's fit of a torque CSV)
+    np_dtype = np.dtype(jnp.dtype(dtype).name)
+    state0 = jax.tree_util.tree_map(
+        lambda *a: jax.device_put(np.stack([np.asarray(x, np_dtype) for x in a])), *[s.state0 for s in segs]
+    )
     if segs[0].inputs is None:
         inputs = None
     else:
         inputs = jax.tree_util.tree_map(
-            lambda *a: jnp.stack([jnp.repeat(jnp.asarray(pad(x, N - 1), dtype), k, axis=0) for x in a]),
+            lambda *a: jax.device_put(np.stack([np.repeat(pad(x, N - 1).astype(np_dtype), k, axis=0) for x in a])),
             *[s.inputs for s in segs],
         )
-    cast = lambda a: jnp.asarray(a, dtype)  # noqa: E731
+    cast = lambda a: jax.device_put(np.asarray(a, np_dtype))  # noqa: E731
     return _Stacked(
         cast(t),
         cast(dt),
@@ -95,7 +105,7 @@ def _stack_segments(problem, dtype, pad_to: int | None = None) -> _Stacked:
         [cast(w) for w in weights],
         state0,
         inputs,
-        jnp.asarray(steps),
+        jax.device_put(steps),
         n,
     )
 
@@ -246,6 +256,88 @@ def _structure(problem, layout, dtype, jacobian: bool = True):
     return key
 
 
+class _Unstable(Exception):
+    """A part of a problem with no description that holds across processes (see :func:`_stable`)."""
+
+
+#: Modules whose functions a stored program may close over: their code is fingerprinted by
+#: :mod:`rigidjax.identify._stored` (rigidjax's source, JAX's version).
+_STABLE_MODULES = ("rigidjax", "jax")
+
+
+def _stable(obj, depth: int = 0):
+    """A description of ``obj`` that is equal across processes exactly where it computes the
+    same (:func:`_freeze`'s rules, with functions by module, qualified name and first line
+    instead of code objects, and arrays by a digest of their bytes). Raises
+    :class:`_Unstable` for a function defined outside rigidjax or JAX (a user's code is not in
+    the stored programs' fingerprint) or an object without such a description."""
+    if depth > 8:
+        raise _Unstable("nested too deep")
+    if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes)):
+        return obj
+    if isinstance(obj, (np.ndarray, jax.Array, np.generic)):
+        a = np.asarray(obj)
+        return ("array", a.dtype.str, a.shape, hashlib.sha256(a.tobytes()).hexdigest())
+    if isinstance(obj, types.FunctionType):
+        if not (obj.__module__ or "").startswith(_STABLE_MODULES):
+            raise _Unstable(f"function {obj.__qualname__} of {obj.__module__}")
+        cells = tuple(_stable(c.cell_contents, depth + 1) for c in obj.__closure__ or ())
+        return (
+            "function",
+            obj.__module__,
+            obj.__qualname__,
+            obj.__code__.co_firstlineno,
+            cells,
+            _stable(obj.__defaults__, depth + 1),
+        )
+    if isinstance(obj, functools.partial):
+        return ("partial", _stable(obj.func, depth + 1), _stable(obj.args, depth + 1), _stable(obj.keywords, depth + 1))
+    if isinstance(obj, type):
+        return ("type", obj.__module__, obj.__qualname__)
+    if dataclasses.is_dataclass(obj):
+        fields = tuple((f.name, _stable(getattr(obj, f.name), depth + 1)) for f in dataclasses.fields(obj))
+        return ("dataclass", _stable(type(obj), depth + 1), fields)
+    if isinstance(obj, (tuple, list)):
+        return (type(obj).__name__,) + tuple(_stable(a, depth + 1) for a in obj)
+    if isinstance(obj, dict):
+        return ("dict",) + tuple((k, _stable(v, depth + 1)) for k, v in obj.items())
+    if isinstance(obj, jax.tree_util.PyTreeDef):
+        text = str(obj)
+        if "0x" in text:  # an object's address: not a description
+            raise _Unstable("tree structure with an object's address")
+        return ("treedef", text)
+    module, name = getattr(obj, "__module__", None) or "", getattr(obj, "__qualname__", None)
+    if callable(obj) and name and module.startswith(_STABLE_MODULES):  # e.g. jax.numpy's jitted functions
+        return ("callable", module, name)
+    raise _Unstable(type(obj).__name__)
+
+
+def _stable_key(problem, layout, dtype, jacobian):
+    """A digest naming ``problem``'s compiled program across processes (the parts of
+    :func:`_structure` through :func:`_stable`), or ``None`` where a part has none."""
+    leaves, treedef = jax.tree_util.tree_flatten(problem.model)
+    try:
+        desc = _stable(
+            (
+                treedef,
+                tuple(leaves),
+                tuple((name, (p.where, p.transform, p.into)) for name, p in problem.parameters.items()),
+                tuple((kind, name, tr, _shapes(like), off, n) for kind, name, tr, like, off, n in layout.slots),
+                tuple(problem.observations),
+                problem.initial,
+                problem.stepper,
+                problem.signals,
+                problem.substeps,
+                layout.S,
+                jnp.dtype(dtype).name,
+                jacobian,
+            )
+        )
+    except _Unstable:
+        return None
+    return hashlib.sha256(repr(desc).encode()).hexdigest()
+
+
 def _program(problem, layout, dtype, jacobian: bool | str = True):
     """``jac_all(arrays, X, which) -> (r, status, J)`` per row of ``X`` (``jacobian=False``:
     ``(r, status)``; ``jacobian="normal"``: ``(cost, J^T J, J^T r, status, finite)``, the
@@ -281,7 +373,10 @@ def _program(problem, layout, dtype, jacobian: bool | str = True):
         return jax.vmap(one)(X, which)
 
     if mesh is None:
-        jac_all = jax.jit(jac_all)
+        # kept on disk between processes where a folder is set (rigidjax.identify.keep_programs)
+        # and every part of the problem has a description that holds across processes
+        stable = _stable_key(problem, layout, dtype, jacobian)
+        jac_all = jax.jit(jac_all) if stable is None else stored(jax.jit(jac_all), ("identify.fit", stable))
     else:  # rows split over the devices; every process receives every row's result
         jac_all = jax.jit(jac_all, out_shardings=NamedSharding(mesh, PartitionSpec()))
     if key is not None:
@@ -390,7 +485,10 @@ def _caller(program, arrays, dtype):
     (rows padded to a multiple of their count and split; the data replicated once)."""
     mesh = _devices()
     if mesh is None:
-        return lambda X, which: program(arrays, jnp.asarray(X, dtype), jnp.asarray(which))
+        np_dtype = np.dtype(jnp.dtype(dtype).name)
+        # NumPy arguments: jit's own transfer (jnp.asarray binds an operation compiled once per
+        # shape in every process)
+        return lambda X, which: program(arrays, np.asarray(X, np_dtype), np.asarray(which))
     n_dev = mesh.size
     arrays = jax.tree_util.tree_map(lambda a: _put(a, mesh, rows=False), arrays)
 
