@@ -39,3 +39,14 @@ def _no_compilation_cache(monkeypatch):
     program store (rigidjax.identify.keep_programs) at the user's cache folder for the rest of
     the test process; off (tests/test_cli_fit.py checks the cache in a subprocess)."""
     monkeypatch.setenv(NO_CACHE_ENV, "1")
+
+
+@pytest.fixture
+def symlinks(tmp_path):
+    """Skips the test where symbolic links cannot be made (Windows without the privilege)."""
+    probe = tmp_path / ".symlink-probe"
+    try:
+        probe.symlink_to(tmp_path, target_is_directory=True)
+    except (OSError, NotImplementedError) as e:
+        pytest.skip(f"cannot create symbolic links here: {e}")
+    probe.unlink()

@@ -134,7 +134,7 @@ def test_phyphox_zip_with_segments(tmp_path):
         load(_write_zip(tmp_path / "rec2.zip", files))
 
 
-def test_phyphox_exports_behind_symlinks(tmp_path):
+def test_phyphox_exports_behind_symlinks(tmp_path, symlinks):
     """A folder searched for recordings (``rigidjax fit FOLDER``) finds an export behind a
     symbolic link (to its folder, to its zip, to a folder holding one) as a real one; a link to
     an ancestor does not loop, and an export reached twice is loaded once."""
@@ -146,10 +146,7 @@ def test_phyphox_exports_behind_symlinks(tmp_path):
     _write_folder(tmp_path / "more" / "deep", files)
     top = tmp_path / "top"
     _write_folder(top / "real", files)
-    try:
-        (top / "folder link").symlink_to(elsewhere / "rec", target_is_directory=True)
-    except (OSError, NotImplementedError) as e:  # Windows without the privilege
-        pytest.skip(f"cannot create symbolic links here: {e}")
+    (top / "folder link").symlink_to(elsewhere / "rec", target_is_directory=True)
     (top / "zip link.zip").symlink_to(elsewhere / "shared.zip")
     (top / "tree link").symlink_to(tmp_path / "more", target_is_directory=True)
     (top / "real" / "loop").symlink_to(top, target_is_directory=True)  # a link to an ancestor
@@ -228,7 +225,7 @@ def test_sensor_logger_orientation(tmp_path):
         load_sensor_logger_motion(_write_folder(tmp_path / "s", bad))
 
 
-def test_sensor_logger_exports_behind_symlinks(tmp_path):
+def test_sensor_logger_exports_behind_symlinks(tmp_path, symlinks):
     """A folder searched for Sensor Logger exports finds one behind a symbolic link (to its
     folder, to its zip, to a folder holding one) as a real one; a link to an ancestor does not
     loop, and an export reached twice is loaded once, under its real path where it has one."""
@@ -240,10 +237,7 @@ def test_sensor_logger_exports_behind_symlinks(tmp_path):
     _write_folder(tmp_path / "more" / "deep", files)
     top = tmp_path / "top"
     top.mkdir()
-    try:
-        (top / "linked").symlink_to(elsewhere / "rec", target_is_directory=True)
-    except (OSError, NotImplementedError) as e:  # Windows without the privilege
-        pytest.skip(f"cannot create symbolic links here: {e}")
+    (top / "linked").symlink_to(elsewhere / "rec", target_is_directory=True)
     (seg,) = load(top, windows="file")  # the only export is behind a link (was: "no recording found")
     assert seg.name == "linked"
     np.testing.assert_array_equal(seg.omega, w)
