@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ._base import DataError, Motion, Segment, _walk
+from ._base import DataError, Motion, Segment, walk_folder
 from .detect import DETECTED, WINDOWS, Flight, cut_flights, describe_windows, detect_flights
 from .phyphox import PHYPHOX_ABS, PHYPHOX_GYRO, PHYPHOX_TIME, RAW_DATA, has_phyphox, is_phyphox_zip, load_phyphox
 from .ros import IMU, ROS_EXTRA, find_ros_bags, has_ros_bags, imu_topics, is_ros_bag, load_ros
@@ -86,7 +86,7 @@ def _has_sensor_logger(p: Path) -> bool:
     links followed as :func:`load_sensor_logger` follows them."""
     return is_sensor_logger(p) or any(
         GYROSCOPE in files or any(is_sensor_logger(here / f) for f in files if f.endswith(".zip"))
-        for here, _, files in _walk(p)
+        for here, _, files in walk_folder(p)
     )
 
 

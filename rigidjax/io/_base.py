@@ -220,7 +220,7 @@ def _zip_dirs(archive: zipfile.ZipFile, filename: str) -> list[str]:
     return sorted(set(out))
 
 
-def _walk(path: Path):
+def walk_folder(path: Path):
     """``(folder, subfolder names, file names)`` of ``path`` and of every folder below it, as
     :func:`os.walk` (top-down; names sorted; a caller may prune the subfolder list in place),
     but following symbolic links: a recording kept elsewhere and linked into the searched folder

@@ -45,7 +45,7 @@ from ._base import (
     _numeric_columns,
     _parse_keep,
     _read_table,
-    _walk,
+    walk_folder,
     _where,
     _zip_dirs,
 )
@@ -256,7 +256,7 @@ def _find_exports(path: Path) -> list[tuple[_Files, Path]]:
     if (path / RAW_DATA).is_file() or any((path / m).is_file() for m in _META):
         return [(_Files(path), path)]
     out = []
-    for here, _, files in _walk(path):
+    for here, _, files in walk_folder(path):
         if (here / RAW_DATA).is_file() or any((here / m).is_file() for m in _META):
             out.append((_Files(here), here))
         for z in (here / f for f in files if f.endswith(".zip")):

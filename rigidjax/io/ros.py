@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._base import DataError, Segment, _walk
+from ._base import DataError, Segment, walk_folder
 from .detect import WINDOWS, cut_flights
 from .units import check_plausible
 
@@ -90,7 +90,7 @@ def find_ros_bags(path) -> list[Path]:
     if not p.is_dir():
         return []
     found = []
-    for here, dirs, files in _walk(p):  # symbolic links followed, each real folder and file once
+    for here, dirs, files in walk_folder(p):  # symbolic links followed, each real folder and file once
         for d in list(dirs):
             if _is_rosbag2_folder(here / d):
                 found.append(here / d)

@@ -33,7 +33,7 @@ from ._base import (
     _read_table,
     _require_columns,
     _unit_quaternions,
-    _walk,
+    walk_folder,
     _zip_dirs,
 )
 from .detect import WINDOWS, cut_flights
@@ -64,7 +64,7 @@ def is_sensor_logger(path) -> bool:
 
 def _exports(path: Path, name: str) -> list[tuple[_Files, str]]:
     """``(files, label)`` of every export holding ``name`` in or below ``path`` (folders, then
-    zips, each sorted by path; symbolic links followed, :func:`rigidjax.io._base._walk`)."""
+    zips, each sorted by path; symbolic links followed, :func:`rigidjax.io._base.walk_folder`)."""
     if path.is_file():
         archive = _Files.open_zip(path)
         dirs = _zip_dirs(archive, name)
@@ -72,7 +72,7 @@ def _exports(path: Path, name: str) -> list[tuple[_Files, str]]:
     if (path / name).is_file():
         return [(_Files(path), path.name)]
     folders, zips = [], []
-    for here, _, files in _walk(path):  # symbolic links followed, each real folder and file once
+    for here, _, files in walk_folder(path):  # symbolic links followed, each real folder and file once
         if name in files:
             folders.append(here)
         zips += [here / f for f in files if f.endswith(".zip")]
