@@ -10,6 +10,7 @@ step that fails in a simulation raises a clear error (checked mode).
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -59,8 +60,11 @@ def _cmd_simulate(args) -> int:
     import pandas as pd
 
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(cols).to_csv(out, index=False, float_format="%.10g")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(cols).to_csv(out, index=False, float_format="%.10g")
+    except OSError as e:  # a full disk, a folder in the way, no permission
+        return _fail(f"cannot write {out}: {e.strerror or e}")
     what = "tennis-racket flip" if (tuple(inertia), tuple(omega0)) == (RACQUET_INERTIA, RACQUET_OMEGA0) else "free spin"
     print(
         f"rigidjax simulate --stepper {args.stepper}: {what}, I = diag({', '.join(f'{v:g}' for v in inertia)}) kg m^2, "
@@ -73,7 +77,10 @@ def _cmd_simulate(args) -> int:
         print(f"  {k:32s} {v:.6g}" if isinstance(v, float) else f"  {k:32s} {v}")
     print(f"  trajectory ({len(t)} rows) -> {out}")
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2))
+        try:
+            Path(args.json).write_text(json.dumps(summary, indent=2))
+        except OSError as e:
+            return _fail(f"cannot write {args.json}: {e.strerror or e}")
     if args.plot:
         import matplotlib
 
@@ -190,8 +197,10 @@ class _PipeSafe:
     """An output stream (stdout, stderr) that stops writing, silently, once its reader has gone
     (``rigidjax fit | head``, ``2>&1 | head``):
     the command still writes its --json, --plot and --report files and exits with its own code.
-    Any other failure to write (``> /dev/full``: no space left on device) stops the writing
-    too, and is kept in :attr:`error`: :func:`run` then reports it and exits with status 2."""
+    Any other failure to write (``> /dev/full``: no space left on device; a closed stdout,
+    ``>&-``) stops the writing too, and is kept in :attr:`error`: :func:`run` then reports a
+    failed stdout and exits with status 2 (a failed stderr, which carries progress and
+    messages, not the result, changes no exit code)."""
 
     def __init__(self, stream):
         self._stream = stream
@@ -233,7 +242,8 @@ def _output_failed(out: _PipeSafe, err: _PipeSafe) -> bool:
         cmd = f"rigidjax {sub}" if sub else "rigidjax"
         err.write(f"{cmd}: error: cannot write to standard output: {out.error.strerror or out.error}\n")
         err.flush()
-    return out.error is not None or err.error is not None
+    # stderr carries progress and messages, not the result: its failure alone changes no exit code
+    return out.error is not None
 
 
 def run() -> None:
@@ -248,6 +258,11 @@ def run() -> None:
     output that cannot be written otherwise (``> /dev/full``) ends in a one-line error and
     exit status 2 once the command is done (its files written)."""
     out, err = _PipeSafe(sys.stdout), _PipeSafe(sys.stderr)
+    if sys.stdout is None:  # started with stdout closed (>&-): nothing it prints can be written
+        out = _PipeSafe(open(os.devnull, "w"))
+        out.error = OSError(errno.EBADF, "it is closed")
+    if sys.stderr is None:  # closed: nothing can be said there
+        err = _PipeSafe(open(os.devnull, "w"))
     sys.stdout, sys.stderr = out, err
     try:
         code = main()

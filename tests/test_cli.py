@@ -110,3 +110,30 @@ def test_stdout_that_cannot_be_written_is_a_clear_error(tmp_path):
         assert r.returncode == 2, r.stderr
         assert r.stderr == f"{cmd}: error: cannot write to standard output: No space left on device\n"
     assert len(pd.read_csv(out)) == 2 and "energy_drift" in json.loads((tmp_path / "s.json").read_text())
+    # stdout closed (>&-): the same line; stderr full: progress lost, the exit code the command's
+    # own; a file that cannot be written: one line naming it, status 2 (was a pandas traceback)
+    closed = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; os.close(1); sys.argv[1:] = sys.argv[1:]; from rigidjax.cli import run; run()",
+            *argv,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert closed.returncode == 2, closed.stderr
+    # (a descriptor closed before Python starts leaves sys.stdout None: "it is closed")
+    assert closed.stderr in (
+        "rigidjax simulate: error: cannot write to standard output: Bad file descriptor\n",
+        "rigidjax simulate: error: cannot write to standard output: it is closed\n",
+    )
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "rigidjax", *argv], stdout=subprocess.PIPE, stderr=full, env=env)
+    assert r.returncode == 0
+    bad = [*argv[:-4], "--out", "/dev/full"]
+    r = subprocess.run([sys.executable, "-m", "rigidjax", *bad], capture_output=True, text=True, env=env)
+    assert (
+        r.returncode == 2 and r.stderr == "rigidjax simulate: error: cannot write /dev/full: No space left on device\n"
+    )

@@ -380,3 +380,15 @@ def test_unit_check_names_the_unit_and_flag(tmp_path):
         load(f)
     np.testing.assert_allclose(load(f, rate_unit="deg/s")[0].omega, 3 * w, rtol=1e-12)
     assert load(f, check_units=False)[0].omega.max() > 100
+
+
+def test_broken_links_do_not_abort_a_folder_search(tmp_path, symlinks):
+    """A link whose target is gone, beside real exports, is no recording: the search goes on
+    (it raised 'file not found' for a linked Gyroscope.csv and aborted the whole folder)."""
+    t, w = _signal()
+    _write_folder(tmp_path / "top" / "rec", _sensor_logger_files(t, w))
+    (tmp_path / "top" / "zz").mkdir()
+    (tmp_path / "top" / "zz" / "Gyroscope.csv").symlink_to(tmp_path / "gone.csv")
+    (tmp_path / "top" / "old.zip").symlink_to(tmp_path / "gone.zip")
+    (seg,) = load(tmp_path / "top", windows="file")
+    np.testing.assert_array_equal(seg.omega, w)

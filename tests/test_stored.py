@@ -230,3 +230,13 @@ def test_layer_store_keys():
     mine = dict(a.parameters)
     mine["moments"] = dataclasses.replace(mine["moments"], where=lambda m: m.inertia)  # the user's own selector
     assert key(dataclasses.replace(a, parameters=mine)) is None
+    # a class of the user's own: its methods run while tracing (edited and redefined in a
+    # notebook, the same name would load the old program)
+    from rigidjax.identify import observations as obs
+
+    @dataclasses.dataclass(frozen=True)
+    class MyGyro(obs.AngularVelocity):
+        def residual(self, predicted, t, measured, p):
+            return super().residual(1.05 * predicted, t, measured, p)
+
+    assert key(dataclasses.replace(a, observations=[MyGyro(sigma=0.01)])) is None

@@ -265,6 +265,22 @@ class _Unstable(Exception):
 _STABLE_MODULES = ("rigidjax", "jax")
 
 
+def _stable_module(module) -> bool:
+    """``module`` is one of :data:`_STABLE_MODULES` or inside one (``jaxlie`` is not ``jax``)."""
+    module = module or ""
+    return any(module == m or module.startswith(m + ".") for m in _STABLE_MODULES)
+
+
+def _stable_nodes(tree) -> None:
+    """Raises :class:`_Unstable` where a node of ``tree`` is a class of the user's own (its
+    methods, e.g. a model's properties, run while tracing and are not fingerprinted)."""
+    data = tree.node_data()
+    if data is not None and data[0] not in (tuple, list, dict, type(None)):
+        _stable(data[0])
+    for child in tree.children():
+        _stable_nodes(child)
+
+
 def _stable(obj, depth: int = 0):
     """A description of ``obj`` that is equal across processes exactly where it computes the
     same (:func:`_freeze`'s rules, with functions by module, qualified name and first line
@@ -279,7 +295,7 @@ def _stable(obj, depth: int = 0):
         a = np.asarray(obj)
         return ("array", a.dtype.str, a.shape, hashlib.sha256(a.tobytes()).hexdigest())
     if isinstance(obj, types.FunctionType):
-        if not (obj.__module__ or "").startswith(_STABLE_MODULES):
+        if not _stable_module(obj.__module__):
             raise _Unstable(f"function {obj.__qualname__} of {obj.__module__}")
         cells = tuple(_stable(c.cell_contents, depth + 1) for c in obj.__closure__ or ())
         return (
@@ -293,6 +309,10 @@ def _stable(obj, depth: int = 0):
     if isinstance(obj, functools.partial):
         return ("partial", _stable(obj.func, depth + 1), _stable(obj.args, depth + 1), _stable(obj.keywords, depth + 1))
     if isinstance(obj, type):
+        # a class by its name only where its code is fingerprinted: a user's observation,
+        # transform or stepper subclass (edited and redefined in a notebook) never is
+        if not _stable_module(obj.__module__):
+            raise _Unstable(f"class {obj.__qualname__} of {obj.__module__}")
         return ("type", obj.__module__, obj.__qualname__)
     if dataclasses.is_dataclass(obj):
         fields = tuple((f.name, _stable(getattr(obj, f.name), depth + 1)) for f in dataclasses.fields(obj))
@@ -305,9 +325,10 @@ def _stable(obj, depth: int = 0):
         text = str(obj)
         if "0x" in text:  # an object's address: not a description
             raise _Unstable("tree structure with an object's address")
+        _stable_nodes(obj)
         return ("treedef", text)
     module, name = getattr(obj, "__module__", None) or "", getattr(obj, "__qualname__", None)
-    if callable(obj) and name and module.startswith(_STABLE_MODULES):  # e.g. jax.numpy's jitted functions
+    if callable(obj) and name and _stable_module(module):  # e.g. jax.numpy's jitted functions
         return ("callable", module, name)
     raise _Unstable(type(obj).__name__)
 

@@ -13,18 +13,19 @@ compilation cache 0.48 s; deserialise and load 0.15 s.
 What is stored: the evaluators and simulator of :func:`rigidjax.identify.fit_inertia`, and the
 programs of :func:`rigidjax.identify.fit` (residuals and Jacobian, the values' Jacobian) for a
 problem whose parts all have a description that holds across processes
-(:func:`rigidjax.identify._program._stable`: functions of rigidjax or JAX, named by module,
-name and line under the source fingerprint below; data by a digest of their bytes), e.g.
-every problem the command line builds (:mod:`rigidjax.identify.recipes`). A problem holding
-a function of the user's own (a ``where`` selector written in a notebook) is never stored:
-its code is not in the fingerprint. Measured (2-core VM, a 300-sample torque CSV): a repeated
+(:func:`rigidjax.identify._program._stable`: functions and classes of rigidjax or JAX, named
+by module, name and line under the source fingerprint below; data by a digest of their
+bytes), e.g. every problem the command line builds (:mod:`rigidjax.identify.recipes`). A
+problem holding a function or class of the user's own (a ``where`` selector written in a
+notebook, an observation or model subclass) is never stored: its code is not in the
+fingerprint. Measured (2-core VM, a 300-sample torque CSV): a repeated
 ``rigidjax fit`` spent ~3.7 s in the fit with the compilation cache alone, 1.6 s with the
 store.
 
 Without a folder (the library's default: it never writes into the user's folders on its own)
 the jitted function is called as it is. A file is named by a fingerprint of everything the
-trace depends on: the source of the installed ``rigidjax`` package, the JAX and jaxlib
-versions, the default backend, ``jax_enable_x64`` and the default matmul precision, the
+trace depends on: the source of the installed ``rigidjax`` package, the JAX, jaxlib, equinox
+and NumPy versions, the default backend, ``jax_enable_x64`` and the default matmul precision, the
 program's key and the arguments' shapes and dtypes; it holds a checksum over that name and its
 bytes. A file is used only where the checksum holds, its arguments are the call's and it
 compiles; else the program is traced again and the file replaced (one warning names it), so the
@@ -80,12 +81,15 @@ def _source_digest() -> str:
 
 
 def _fingerprint() -> str:
+    import equinox
     import jaxlib
 
     parts = (
         _source_digest(),
         jax.__version__,
         jaxlib.__version__,
+        equinox.__version__,
+        np.__version__,
         jax.default_backend(),
         bool(jax.config.jax_enable_x64),
         str(jax.config.jax_default_matmul_precision),

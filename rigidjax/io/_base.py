@@ -222,7 +222,7 @@ def _zip_dirs(archive: zipfile.ZipFile, filename: str) -> list[str]:
 
 def walk_folder(path: Path):
     """``(folder, subfolder names, file names)`` of ``path`` and of every folder below it, as
-    :func:`os.walk` (top-down; names sorted; a caller may prune the subfolder list in place),
+    ``os.walk`` (top-down; names sorted; a caller may prune the subfolder list in place),
     but following symbolic links: a recording kept elsewhere and linked into the searched folder
     is found as a real one (``Path.rglob`` does not enter linked folders on Python 3.11).
 
@@ -230,7 +230,8 @@ def walk_folder(path: Path):
     file really below ``path`` is skipped (so a link to an ancestor does not loop, and a link
     beside its target does not load it twice); of several links to one folder or file outside
     ``path``, the first met (names in sorted order, depth first) is listed. "File names" are the
-    entries that are not folders, as :func:`os.walk` gives them (broken links included)."""
+    entries that are not folders, as ``os.walk`` gives them, less broken links (a link whose
+    target is gone is no recording: one must not abort a whole search)."""
     top = os.fspath(path)
     tree = list(os.walk(top))  # what really lies below path: linked folders are not entered
     mine_dirs = {os.path.realpath(root) for root, _, _ in tree}
@@ -257,7 +258,7 @@ def walk_folder(path: Path):
         dirs[:] = new(root, dirs, mine_dirs)
         if root in really:
             really.update(os.path.join(root, d) for d in dirs if not os.path.islink(os.path.join(root, d)))
-        yield Path(root), dirs, new(root, files, mine_files)
+        yield Path(root), dirs, [f for f in new(root, files, mine_files) if os.path.exists(os.path.join(root, f))]
 
 
 # ----------------------------------------------------------------------------- reading tables
