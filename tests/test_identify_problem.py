@@ -693,7 +693,7 @@ def test_step_check_keeps_refining_while_the_shift_itself_halves():
 
 def test_fit_many_equals_one_by_one_and_keeps_the_others():
     """``fit_many``: three windows of one body (60, 50 and 45 samples, their own noise) fitted
-    in one program give each window's own ``fit`` (same start, padded to one length: equal to
+    in one program give each window's own ``fit`` (same seed, padded to one length: equal to
     1e-9, the round-off of a differently batched evaluation); a window whose start cannot be
     simulated gets ``nonfinite`` while the others keep their fits; problems of different
     structures are refused, naming the part."""
@@ -705,10 +705,12 @@ def test_fit_many_equals_one_by_one_and_keeps_the_others():
             t=seg.t, data={"omega": seg.data["omega"] + 1e-3 * rng.standard_normal((n, 3))}, state0=seg.state0
         )
         problems.append(_problem([noisy]))
-    many = identify.fit_many(problems, starts=1)
+    # random starts too: each problem draws its own from the seed, as fit() does for it alone
+    many = identify.fit_many(problems, starts=3)
     for p, f in zip(problems, many):
-        one = identify.fit(p, starts=1, pad_to=60)
+        one = identify.fit(p, starts=3, pad_to=60)
         assert f.status == one.status == identify.FitStatus.CONVERGED, (f.message, one.message)
+        assert f.starts_at_best == one.starts_at_best
         np.testing.assert_allclose(f.values["ratios"], one.values["ratios"], rtol=1e-9)
         np.testing.assert_allclose(f.se["ratios"], one.se["ratios"], rtol=1e-9)
         _within(f.values["ratios"], INERTIA[1:] / INERTIA[0], f.se["ratios"], 3)

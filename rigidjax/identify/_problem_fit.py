@@ -94,9 +94,9 @@ def fit_many(
     stepper, the parameters (``where``, transform, ``into``, start shapes), observations,
     initial state, signal map, ``substeps`` and the number of segments; their data, start
     values and segment lengths may differ (every segment is padded to the longest of all,
-    or ``pad_to``). Each problem's random starts are drawn from ``seed`` in turn; the result
-    of problem ``i`` equals ``fit(problems[i], ...)`` when both pad to one length and draw the
-    same starts (``fit_many([p])[0] == fit(p)``).
+    or ``pad_to``). Each problem draws its random starts from a generator of its own seeded
+    with ``seed``, so the result of problem ``i`` does not depend on the other problems: it
+    equals ``fit(problems[i], ...)`` with the same ``seed`` and padded length, to round-off.
 
     Returns:
         ``[ProblemFit]`` in the order of ``problems``. A problem whose start values fail in a
@@ -180,15 +180,14 @@ def _fit(problems, starts, spread, seed, max_steps, dtype, pad_to, step_check, r
             failed[w] = f"the start values cannot be simulated: rollout steps failed with {codes} ({why})"
             if raise_on_failure:
                 raise ValueError(f"{name}: {failed[w]}")
-    rng = np.random.default_rng(seed)
     X0 = np.repeat(x0, starts, 0)
     lo = np.repeat(np.stack([lay.lo for lay in layouts]), starts, 0)
     hi = np.repeat(np.stack([lay.hi for lay in layouts]), starts, 0)
     if starts > 1:
         mask = _model_mask(layout)
-        for w in range(W):
+        for w in range(W):  # a generator per problem: its starts are those fit() draws for it alone
             X0[w * starts + 1 : (w + 1) * starts, : layout.n_global] += (
-                spread * rng.standard_normal((starts - 1, layout.n_global)) * mask
+                spread * np.random.default_rng(seed).standard_normal((starts - 1, layout.n_global)) * mask
             )
     # the random starts into the transforms' box (the given start is inside: _Layout checks it)
     X0 = np.clip(X0, lo, hi)
