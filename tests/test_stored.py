@@ -211,9 +211,10 @@ def test_layer_programs_stored_and_loaded(folder, monkeypatch):
 
 
 def test_layer_store_keys():
-    """A program is named by what it computes: equal for two problems built alike, different
-    for another model constant; none (never stored) where the problem holds a function from
-    outside rigidjax and JAX, whose code the store's fingerprint does not cover."""
+    """A program is named by what it computes: equal for two problems built alike (also from
+    other data of the same shapes), different for another model constant; none (never stored)
+    where the problem holds a function or class from outside rigidjax and JAX, whose code the
+    store's fingerprint does not cover."""
     import dataclasses
 
     from rigidjax.identify import _program, recipes
@@ -224,6 +225,10 @@ def test_layer_store_keys():
 
     a, b = (recipes.free_body_problem(_torque_motion(), bias=False) for _ in range(2))
     assert key(a) is not None and key(a) == key(b)
+    # another recording of the same length: other data and data-derived start moments, which
+    # the program overwrites (the model is keyed without its fitted leaves' values)
+    other = recipes.free_body_problem(_torque_motion(scale=2.0), bias=False)
+    assert not np.allclose(other.model.inertia, a.model.inertia) and key(other) == key(a)
     assert key(recipes.free_body_problem(_torque_motion(), bias=True)) != key(a)
     heavier = dataclasses.replace(a, model=dataclasses.replace(a.model, mass=a.model.mass * 2))
     assert key(heavier) != key(a)

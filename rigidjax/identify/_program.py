@@ -11,6 +11,7 @@ import hashlib
 import types
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -231,10 +232,25 @@ def _shapes(like):
     return treedef, tuple(np.shape(a) for a in leaves)
 
 
+def _keyed_model(problem):
+    """``problem.model`` with every fitted leaf (what a parameter's ``where`` selects) zeroed:
+    the program overwrites those leaves (``_Layout.model``), so their start values are not part
+    of what it computes: problems that differ only there (e.g. start moments taken from each
+    recording's data) share one program."""
+    m = problem.model
+    for p in problem.parameters.values():
+        try:
+            m = eqx.tree_at(p.where, m, replace_fn=lambda a: np.zeros(np.shape(a), np.asarray(a).dtype))
+        except Exception:  # a selector eqx.tree_at cannot follow: key by the model as given
+            return problem.model
+    return m
+
+
 def _structure(problem, layout, dtype, jacobian: bool = True):
     """The key of ``problem``'s compiled program (see :func:`_program`): its parts by what
-    they compute (:func:`_freeze`); ``None`` where a part is unhashable."""
-    leaves, treedef = jax.tree_util.tree_flatten(problem.model)
+    they compute (:func:`_freeze`; the model without its fitted leaves' values,
+    :func:`_keyed_model`); ``None`` where a part is unhashable."""
+    leaves, treedef = jax.tree_util.tree_flatten(_keyed_model(problem))
     key = (
         treedef,
         tuple(_frozen(a) for a in leaves),
@@ -336,7 +352,7 @@ def _stable(obj, depth: int = 0):
 def _stable_key(problem, layout, dtype, jacobian):
     """A digest naming ``problem``'s compiled program across processes (the parts of
     :func:`_structure` through :func:`_stable`), or ``None`` where a part has none."""
-    leaves, treedef = jax.tree_util.tree_flatten(problem.model)
+    leaves, treedef = jax.tree_util.tree_flatten(_keyed_model(problem))
     try:
         desc = _stable(
             (
