@@ -723,11 +723,112 @@ def test_fit_many_equals_one_by_one_and_keeps_the_others():
     assert "INVALID_INPUT" in kept[1].message and np.all(np.isinf(kept[1].se["ratios"]))
     json.dumps(kept[1].to_dict(), allow_nan=False)
     np.testing.assert_allclose(kept[2].values["ratios"], many[2].values["ratios"], rtol=1e-6)
-    other = _problem(problems[0].segments, observations=[obs.AngularVelocity(bias=False, sigma=2e-3)])
-    with pytest.raises(ValueError, match=r"problems\[1\] differs from problems\[0\] in its observations"):
+    other = _problem(problems[0].segments, observations=[obs.AngularVelocity(bias=True, sigma=1e-3)])
+    with pytest.raises(ValueError, match=r"problems\[1\] differs from problems\[0\] in its parameter and sensor"):
         identify.fit_many([problems[0], other])
     with pytest.raises(ValueError, match="no problems"):
         identify.fit_many([])
+
+
+def test_fit_many_takes_each_windows_sigma_and_substeps():
+    """Windows with their own noise levels (sigma enters the program as data) and their own
+    sub-step counts (one program per count) in one ``fit_many`` call give each window's own
+    ``fit`` (equal to 1e-9: the round-off of a differently batched evaluation); windows that
+    differ only in sigma share one compiled program."""
+    from rigidjax.identify._program import _structure
+    from rigidjax.identify.problem import _Layout
+
+    rng = np.random.default_rng(5)
+    problems = []
+    for n, sigma, k in ((60, 1e-3, 1), (50, 3e-3, 1), (45, 2e-3, 2)):
+        seg = _free_body_segment(n=n)
+        noisy = identify.MeasuredSegment(
+            t=seg.t, data={"omega": seg.data["omega"] + sigma * rng.standard_normal((n, 3))}, state0=seg.state0
+        )
+        problems.append(_problem([noisy], observations=[obs.AngularVelocity(bias=False, sigma=sigma)], substeps=k))
+    many = identify.fit_many(problems, starts=2, pad_to=60)
+    for p, f in zip(problems, many):
+        one = identify.fit(p, starts=2, pad_to=60)
+        assert f.status == one.status == identify.FitStatus.CONVERGED, (f.message, one.message)
+        np.testing.assert_allclose(f.values["ratios"], one.values["ratios"], rtol=1e-9)
+        np.testing.assert_allclose(f.se["ratios"], one.se["ratios"], rtol=1e-9)
+        np.testing.assert_allclose(f.rms, one.rms, rtol=1e-9)
+        assert f.substeps >= p.substeps
+    key = [_structure(p, _Layout(p), jnp.float64) for p in problems[:2]]
+    assert key[0] == key[1]
+
+
+def _one_body_windows(seed=3, n=100):
+    """Seven windows of one body (``INERTIA``, DOP853) seen by a gyroscope turned 2 degrees
+    off the body axes (a model error every window shares: residuals 4-13 sigma), the seventh
+    with an unmodelled torque pulse (10 N m about z for 0.15 s: not free flight)."""
+    from scipy.spatial.transform import Rotation
+
+    rng = np.random.default_rng(seed)
+    R = Rotation.from_rotvec([0.02, -0.015, 0.025]).as_matrix()
+    t = np.arange(n) * 0.01
+    problems = []
+    for j in range(7):
+        torque = None
+        if j == 6:
+            torque = np.zeros((n - 1, 3))
+            torque[40:55, 2] = 10.0
+        w, _ = free_body_truth(INERTIA, W0 + rng.normal(0, 0.3, 3), np.array([1.0, 0, 0, 0]), t, torque=torque)
+        meas = w @ R.T + 1e-3 * rng.standard_normal((n, 3))
+        seg = identify.MeasuredSegment(t=t, data={"omega": meas}, state0=_state0(meas[0]))
+        problems.append(_problem([seg]))
+    return problems
+
+
+def test_windows_of_one_body_are_judged_against_each_other():
+    """``fit_many(groups=...)``: judged against sigma alone, the shared model error (a turned
+    gyroscope, 4-13 sigma) makes five of six free-flight windows ``poor_fit``; judged against
+    each other the six converge and only the window with the torque pulse is ``poor_fit``,
+    its message naming the median of the others. A window whose only start ran out of
+    iterations far from its minimum is refitted from the others' consensus and ends at the
+    minimum a dense multi-start of that window alone finds (8 starts, 100 iterations; to
+    1e-5 relative, the optimiser's tolerance on a flat valley)."""
+    problems = _one_body_windows()
+    plain = identify.fit_many(problems, starts=2)
+    assert sum(f.status == identify.FitStatus.POOR_FIT for f in plain[:6]) >= 4, [f.message for f in plain]
+    judged = identify.fit_many(problems, starts=2, groups=["toss"] * 7)
+    assert [f.status.value for f in judged] == ["converged"] * 6 + ["poor_fit"], [f.message for f in judged]
+    assert "the median over its recording's windows" in judged[6].message
+    for f, g in zip(plain[:6], judged[:6]):  # the same minima: only the verdict differs
+        np.testing.assert_allclose(g.values["ratios"], f.values["ratios"], rtol=1e-6)
+
+    far = dataclasses.replace(problems[0].parameters["ratios"], start=[1.05, 1.2])
+    lost = problems[:6]
+    lost[2] = dataclasses.replace(lost[2], parameters={"ratios": far})
+    alone = identify.fit(lost[2], starts=1, max_steps=4)
+    assert alone.status == identify.FitStatus.MAX_STEPS
+    rescued = identify.fit_many(lost, starts=1, max_steps=4, groups=["toss"] * 6)
+    assert rescued[2].status == identify.FitStatus.CONVERGED and "consensus" in rescued[2].message
+    dense = identify.fit(lost[2], starts=8)
+    np.testing.assert_allclose(rescued[2].values["ratios"], dense.values["ratios"], rtol=1e-5)
+    with pytest.raises(ValueError, match="groups has 2 labels for 6 problems"):
+        identify.fit_many(lost, groups=["a", "b"])
+
+
+def test_rules_across_windows():
+    """The rules of ``_across`` on numbers: a recording with 3 or more windows is its own
+    median, a smaller one borrows the median over all; a residual 5x the median and 10x the
+    noise is poor, one within 10x its noise is not, whatever the median; a non-converged
+    window is a suspect."""
+    from rigidjax.identify import _across
+
+    rms = np.array([1.0, 1.2, 0.8, 7.0, 3.0, 2.0])
+    groups = ["a", "a", "a", "a", "b", "b"]
+    med, count, own = _across.group_medians(rms, groups, np.ones(6, bool))
+    np.testing.assert_allclose(med, [1.1, 1.1, 1.1, 1.1, 1.6, 1.6])
+    assert list(count) == [4, 4, 4, 4, 6, 6] and list(own) == [True] * 4 + [False] * 2
+    why = _across.poor_reasons(rms, np.full(6, 100.0), np.full(6, 0.1), groups, unit="rad/s", cause="x")
+    assert [w is not None for w in why] == [False, False, False, True, False, False]
+    assert "6.4x the median over its recording's windows (1.1 rad/s)" in why[3]
+    quiet = _across.poor_reasons(rms, np.full(6, 100.0), np.full(6, 1.0), groups, unit="", cause="x")
+    assert quiet == [None] * 6  # 7.0 is within 10x a noise of 1.0
+    sus = _across.suspects(rms, np.full(6, 100.0), np.array([True] * 5 + [False]), groups)
+    assert list(sus) == [False, False, False, True, False, True]
 
 
 def test_step_error_check_refines_to_the_fine_step_estimate():

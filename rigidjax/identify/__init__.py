@@ -13,7 +13,9 @@ r"""Identification from measured motion: inertia from free flights, a pendulum's
   :class:`~rigidjax.identify.observations.AngularVelocity`, accelerometer
   :class:`~rigidjax.identify.observations.SpecificForce`, ``Orientation``, ``Position``,
   ``Signal``) are in :mod:`rigidjax.identify.observations`. :func:`fit_many` fits many
-  independent problems of one structure (e.g. one per window) in one compiled program.
+  independent problems of one structure (e.g. one per window) in one compiled program; with
+  ``groups`` (windows of one body) it judges them against each other as :func:`fit_inertia`
+  does (:mod:`rigidjax.identify._across`).
 * :class:`FitStatus`: one status vocabulary for every fit.
 * :func:`keep_programs`: a folder where traced programs are kept between processes (the
   command line uses it beside JAX's compilation cache).

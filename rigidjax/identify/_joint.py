@@ -22,12 +22,12 @@ from ._model import (
     theta_chart,
     theta_phys,
 )
+from ._across import POOR_NOISE
 from ._result import FitStatus, InertiaFit
 from ._windows import (
     JOINT_MEDIAN,
     JOINT_OWN,
     K_MAX,
-    POOR_NOISE,
     REF_TOL,
     REL_SE_MAX,
     SHIFT_MAX,

@@ -15,7 +15,8 @@ import numpy as np
 
 from ..info import Status
 from ..rollout import rollout
-from . import _lm
+from . import _across, _lm
+from . import observations as obs
 from ._problem_result import ProblemFit, flat_values, result
 from ._program import _common_length, _evaluator, _structure
 from ._result import FitStatus
@@ -85,18 +86,41 @@ def fit_many(
     dtype=jnp.float64,
     pad_to: int | None = None,
     step_check: str = "refine",
+    groups: Sequence | None = None,
 ) -> list[ProblemFit]:
     """Fit several independent problems of one structure at once (e.g. one per measured
     window, each with its own values): one compiled program evaluates every start of every
     problem per optimiser iteration (see :func:`fit` for the options, the same per problem).
 
     The problems must share everything the program is built from: the model's values, the
-    stepper, the parameters (``where``, transform, ``into``, start shapes), observations,
-    initial state, signal map, ``substeps`` and the number of segments; their data, start
-    values and segment lengths may differ (every segment is padded to the longest of all,
-    or ``pad_to``). Each problem draws its random starts from a generator of its own seeded
-    with ``seed``, so the result of problem ``i`` does not depend on the other problems: it
-    equals ``fit(problems[i], ...)`` with the same ``seed`` and padded length, to round-off.
+    stepper, the parameters (``where``, transform, ``into``, start shapes), observations
+    (but their ``sigma``: it enters as data, for rigidjax's observation classes), initial
+    state, signal map and the number of segments; their data, start values, ``sigma``,
+    ``substeps`` (one program per count) and segment lengths may differ (every segment is
+    padded to the longest of its sub-step count, or ``pad_to``). Each problem draws its
+    random starts from a generator of its own seeded with ``seed``, so the result of problem
+    ``i`` does not depend on the other problems: it equals ``fit(problems[i], ...)`` with the
+    same ``seed`` and padded length, to round-off.
+
+    Windows of one body (``groups``): where the problems are windows of one body, a label
+    per problem naming its recording (one set of conditions) turns on the rules across
+    windows of :func:`rigidjax.identify.fit_inertia` (:mod:`rigidjax.identify._across`):
+
+    * a window whose optimiser did not converge, or whose residual (RMS, in units of the
+      stated sigma) is above 3x the median over its recording's windows (over all where the
+      recording has fewer than 3) or 10 % of its signal (the RMS of its measured values
+      about their mean, in sigma), is refitted from the consensus of the other windows (the
+      medoid of their model parameters, over all windows and over its recording's) and 16
+      random starts; the refit replaces the fit where it ends lower, and the message says so;
+    * ``poor_fit`` is judged against the other windows instead of against sigma alone: a
+      residual above 5x that median or 25 % of the signal, and above 10 sigma. Real data
+      leave model error far above the sensor noise in every window (a residual of 20-70
+      sigma is common): the rule leaves that shared error to the spread of the windows'
+      estimates and marks the windows whose residual the others do not share (a wrong
+      basin, or motion the model does not describe).
+
+    With ``groups`` a result depends on the other windows (through the consensus and the
+    medians); without it (``None``, the default) the problems are independent.
 
     Returns:
         ``[ProblemFit]`` in the order of ``problems``. A problem whose start values fail in a
@@ -116,7 +140,13 @@ def fit_many(
     for i, p in enumerate(problems):
         if not isinstance(p, Problem):
             raise TypeError(f"fit_many: problems[{i}] is a {type(p).__name__}, not an identify.Problem")
-    return _fit(problems, starts, spread, seed, max_steps, dtype, pad_to, step_check, False, "fit_many")
+    if groups is not None:
+        groups = list(groups)
+        if len(groups) != len(problems):
+            raise ValueError(
+                f"fit_many: groups has {len(groups)} labels for {len(problems)} problems (one per problem)"
+            )
+    return _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step_check)
 
 
 _START_HINTS = {
@@ -141,7 +171,26 @@ _STRUCTURE_PARTS = (
 )
 
 
-def _fit(problems, starts, spread, seed, max_steps, dtype, pad_to, step_check, raise_on_failure, name):
+def _fit(
+    problems,
+    starts,
+    spread,
+    seed,
+    max_steps,
+    dtype,
+    pad_to,
+    step_check,
+    raise_on_failure,
+    name,
+    sigma_rule=True,
+    given=None,
+    first=None,
+):
+    """The fit of :func:`fit` and :func:`fit_many`. ``sigma_rule``: see
+    :func:`~rigidjax.identify._problem_result.result`; ``given``: ``W`` arrays ``(starts, P)``
+    of start points instead of the given values and random ones (the start values are not
+    checked alone); ``first``: ``(steps, keep)``: every start runs ``steps`` iterations, the
+    ``keep`` lowest of each problem continue."""
     if not isinstance(starts, (int, np.integer)) or starts < 1:
         raise ValueError(f"{name}: starts must be an integer >= 1; got {starts!r}")
     if not spread >= 0:
@@ -173,7 +222,7 @@ def _fit(problems, starts, spread, seed, max_steps, dtype, pad_to, step_check, r
     x0 = np.stack([lay.start() for lay in layouts])
     r0, status0, _ = run(x0, np.arange(W))
     failed = {}
-    for w in range(W):
+    for w in range(W if given is None else 0):
         if np.any(status0[w] != Status.SUCCESS) or not np.all(np.isfinite(r0[w])):
             codes = sorted({Status(int(c)).name for c in status0[w] if c != Status.SUCCESS})
             why = "; ".join(_START_HINTS.get(f, "a failed step at the start values") for f in codes) or "NaN residuals"
@@ -191,11 +240,23 @@ def _fit(problems, starts, spread, seed, max_steps, dtype, pad_to, step_check, r
             )
     # the random starts into the transforms' box (the given start is inside: _Layout checks it)
     X0 = np.clip(X0, lo, hi)
+    if given is not None:  # the caller's start points (fit_many's refit of suspect windows)
+        X0 = np.concatenate(given)
+    # the random starts into the transforms' box (the given start is inside: _Layout checks it)
+    X0 = np.clip(X0, lo, hi)
     eps = float(jnp.finfo(dtype).eps)
-    st = _lm.solve(evaluate, X0, np.arange(W * starts), lo, hi, eps=eps, max_steps=max_steps)
-    cost = np.where(st["ok"], st["cost"], np.inf).reshape(W, starts)
+    if first is None:
+        st = _lm.solve(evaluate, X0, np.arange(W * starts), lo, hi, eps=eps, max_steps=max_steps)
+        per = starts
+    else:  # every start a few iterations, the lowest of each problem to the end
+        steps1, per = first
+        st = _lm.solve(evaluate, X0, np.arange(W * starts), lo, hi, eps=eps, max_steps=steps1)
+        c1 = np.where(st["ok"], st["cost"], np.inf).reshape(W, starts)
+        st = _lm.select(st, (np.argsort(c1, 1)[:, :per] + np.arange(W)[:, None] * starts).ravel())
+        st = _lm.solve(evaluate, None, None, None, None, eps=eps, max_steps=max_steps, state=st)
+    cost = np.where(st["ok"], st["cost"], np.inf).reshape(W, per)
     best = np.argmin(np.where(np.isfinite(cost), cost, np.inf), axis=1)
-    rows = np.arange(W) * starts + best
+    rows = np.arange(W) * per + best
     # every problem's best point in one evaluation of the fit's own program
     at_best_eval = run(st["x"][rows], np.arange(W))
     out = []
@@ -211,14 +272,187 @@ def _fit(problems, starts, spread, seed, max_steps, dtype, pad_to, step_check, r
         at_best = int(np.sum(cost[w] <= cost[w, b] * (1 + 1e-6) + 1e-300))
         x, g = st["x"][row], st["g"][row]
         one = _remembered(run_one(w), x, tuple(a[w : w + 1] for a in at_best_eval))
-        res = result(problem, lay, stacked[w], one, x, st, row, at_best, starts, dtype)
+        res = result(problem, lay, stacked[w], one, x, st, row, at_best, starts, dtype, sigma_rule)
         if step_check != "off":
-            res, x, g = refine_steps(problem, lay, res, one, x, g, dtype, N, max_steps, step_check == "refine")
+            res, x, g = refine_steps(
+                problem, lay, res, one, x, g, dtype, N, max_steps, step_check == "refine", sigma_rule
+            )
         held = _held(lay, x, g)
         if held:
             res = dataclasses.replace(res, message=f"{res.message}; held at a bound: {', '.join(held)}")
         out.append(res)
     return out
+
+
+def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step_check) -> list[ProblemFit]:
+    """:func:`fit_many`: the fits (one program per sub-step count); for windows of one body
+    (``groups``) the refit of suspect windows from the others' consensus and the poor-fit
+    rule across windows (:mod:`rigidjax.identify._across`)."""
+    W = len(problems)
+    one_body = groups is not None
+
+    def fit_parts(ws, n_starts, given=None, first=None):
+        res = {}
+        for k in sorted({problems[w].substeps for w in ws}):  # one program per sub-step count
+            idx = [w for w in ws if problems[w].substeps == k]
+            more = {} if given is None else dict(given=[given[w] for w in idx])
+            part = [problems[w] for w in idx]
+            try:
+                fits = _fit(
+                    part,
+                    n_starts,
+                    spread,
+                    seed,
+                    max_steps,
+                    dtype,
+                    pad_to,
+                    step_check,
+                    False,
+                    "fit_many",
+                    not one_body,
+                    first=first,
+                    **more,
+                )
+            except ValueError as e:  # name the problems by their place in the call
+                raise ValueError(_renumbered(str(e), idx)) from None
+            res.update(zip(idx, fits))
+        return res
+
+    if not one_body:
+        found = fit_parts(range(W), starts)
+        return [found[w] for w in range(W)]
+    layouts = [_Layout(p) for p in problems]
+    kinds = [[(k, n, size) for k, n, _, _, _, size in lay.slots] + [lay.S, lay.nz] for lay in layouts]
+    for i in range(1, W):
+        if kinds[i] != kinds[0]:
+            raise ValueError(
+                f"fit_many: problems[{i}] has other unknowns than problems[0] ({kinds[i]} against {kinds[0]}): "
+                "windows of one body (groups) share their model parameters"
+            )
+
+    found = fit_parts(range(W), starts)
+    out = [found[w] for w in range(W)]
+    scale = [_window_scale(p) for p in problems]
+    unit = "" if len(problems[0].observations) == 1 else "sigma"
+    q = np.array([_residual_of(f, sc) for f, sc in zip(out, scale)])
+    signal = np.array([sc[0] for sc in scale])
+    conv = np.array([f.status in _JUDGED for f in out])
+    suspect = _across.suspects(q, signal, conv, groups)
+    bad, good = np.flatnonzero(suspect), np.flatnonzero(~suspect & np.isfinite(q))
+    if bad.size:
+        mask, ng = _model_mask(layouts[0]).astype(bool), layouts[0].n_global
+        z = np.stack([np.asarray(f.x, float)[:ng][mask] for f in out])
+        # the consensus: the medoid in model coordinates scaled by their spread over the good windows
+        spread_z = np.ones(z.shape[1])
+        if good.size >= 2:
+            mad = np.median(np.abs(z[good] - np.median(z[good], 0)), 0)
+            spread_z = np.where(mad > 0, mad, 1.0)
+        n_cons = 4
+        given = {}
+        for w in bad:
+            lay_w = layouts[w]
+            x0 = lay_w.start()
+            cands = []
+            if good.size:
+                cands.append(int(good[_across.medoid(z[good] / spread_z)]))
+                same = good[[str(groups[g]) == str(groups[w]) for g in good]]
+                if same.size:
+                    cands.append(int(same[_across.medoid(z[same] / spread_z)]))
+            xs = []
+            for c in dict.fromkeys(cands):
+                for base in (x0, np.asarray(out[w].x, float)):  # its own start and optimum for the rest
+                    x = base.copy()
+                    x[:ng][mask] = z[c]
+                    xs.append(x)
+            rng = np.random.default_rng([seed, 1, int(w)])
+            n_rand = _across.RESCUE_RANDOM + n_cons - len(xs)
+            x = np.repeat(x0[None], n_rand, 0)
+            x[:, :ng] += spread * rng.standard_normal((n_rand, ng)) * mask
+            given[int(w)] = np.clip(np.concatenate([np.array(xs).reshape(-1, len(x0)), x]), lay_w.lo, lay_w.hi)
+        refit = fit_parts(
+            [int(w) for w in bad],
+            _across.RESCUE_RANDOM + n_cons,
+            given=given,
+            first=(_across.RESCUE_FIRST_STEPS, _across.RESCUE_KEEP),
+        )
+        for w, f in refit.items():
+            old = out[w]
+            # lower beyond round-off (the same minimum again keeps the first fit), or the same cost
+            # where only the refit reached the minimum
+            lower = np.isfinite(f.cost) and (not np.isfinite(old.cost) or f.cost < old.cost * (1 - 1e-8))
+            same = np.isfinite(f.cost) and f.cost <= old.cost * (1 + 1e-8)
+            if (lower and (f.status in _JUDGED or old.status not in _JUDGED)) or (
+                same and f.status in _JUDGED and old.status not in _JUDGED
+            ):
+                u = f" {unit}" if unit else ""
+                note = (
+                    f"refit from the other windows' consensus and random starts ({f.starts}; the first fit, residual "
+                    f"{q[w]:.3g}{u}, {old.status.value}, was a suspect: cost {old.cost:.6g} -> {f.cost:.6g})"
+                )
+                out[w] = dataclasses.replace(f, message=f"{f.message}; {note}", starts=old.starts + f.starts)
+    _judge(out, groups, scale, unit)
+    return out
+
+
+def _renumbered(message: str, idx) -> str:
+    """``message`` of a fit of the problems ``idx`` with its ``problems[i]`` named by their
+    index in the whole call."""
+    import re
+
+    return re.sub(r"problems\[(\d+)\]", lambda m: f"problems[{idx[int(m.group(1))]}]", message)
+
+
+#: Statuses of a window fitted to its minimum (judged against the others).
+_JUDGED = (FitStatus.CONVERGED, FitStatus.STEP_ERROR, FitStatus.UNIDENTIFIABLE)
+
+
+def _window_scale(problem: Problem) -> tuple[float, float, int]:
+    """``(signal, unit, m)`` of a window for the rules across windows: ``m`` the number of
+    residual values (delay-edge samples left out); ``signal`` the RMS of the residual a
+    constant prediction at the data's mean leaves (each observation's own residual without
+    sensor parameters: the variation of the measured values; quaternions about their mean
+    orientation). With one observation, residuals are compared in its data's unit (``unit``
+    its sigma: a window's residual is ``unit sqrt(2 cost / m)``), with several in units of
+    their sigma (``unit`` 1)."""
+    total, m = 0.0, 0
+    for o in problem.observations:
+        for s in problem.segments:
+            t = np.asarray(s.t, float)
+            y = np.asarray(s.data[o.key], float)
+            c = y.mean(0)
+            if isinstance(o, obs.Orientation):  # the sign-aligned mean quaternion, normalised
+                c = np.mean(y * np.where(y @ y[0] < 0, -1.0, 1.0)[:, None], 0)
+                c = c / np.linalg.norm(c)
+            r = np.asarray(o.residual(jnp.asarray(np.broadcast_to(c, y.shape)), t, jnp.asarray(y), {}), float)
+            r = r[o.weight(t) > 0]
+            total += float(np.sum(r * r))
+            m += r.size
+    unit = float(problem.observations[0].sigma) if len(problem.observations) == 1 else 1.0
+    return unit * float(np.sqrt(total / max(m, 1))), unit, m
+
+
+def _residual_of(f: ProblemFit, scale) -> float:
+    """A window's residual RMS for the rules across windows (see :func:`_window_scale`)."""
+    return scale[1] * float(np.sqrt(2 * f.cost / max(scale[2], 1))) if np.isfinite(f.cost) else np.inf
+
+
+def _judge(out: list, groups, scale, unit: str) -> None:
+    """The poor-fit rule across windows (:mod:`rigidjax.identify._across`) IN PLACE on the
+    results of :func:`fit_many` with ``groups``."""
+    judged = [w for w, f in enumerate(out) if f.status in _JUDGED]
+    if not judged:
+        return
+    why = _across.poor_reasons(
+        [_residual_of(out[w], scale[w]) for w in judged],
+        [scale[w][0] for w in judged],
+        [scale[w][1] for w in judged],
+        [groups[w] for w in judged],
+        unit=unit,
+        cause="a wrong basin, or motion the model does not describe",
+    )
+    for w, reason in zip(judged, why):
+        if reason is not None:
+            out[w] = dataclasses.replace(out[w], status=FitStatus.POOR_FIT, message=reason)
 
 
 def _remembered(run, x, value):

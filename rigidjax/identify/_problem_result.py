@@ -234,9 +234,11 @@ def _values_and_jacobian(problem, layout, dtype):
     return values_and_jacobian
 
 
-def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype) -> ProblemFit:
+def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigma_rule: bool = True) -> ProblemFit:
     """The :class:`ProblemFit` of the best start ``b`` of the optimiser's state ``st``
-    (``stacked``: the padded segments; padded samples enter no count or statistic)."""
+    (``stacked``: the padded segments; padded samples enter no count or statistic).
+    ``sigma_rule=False``: no ``poor_fit`` from the residual against the stated sigma (windows
+    of one body are judged against each other instead: :mod:`rigidjax.identify._across`)."""
     xj = jnp.asarray(x, dtype)
     r, status, J = run(np.asarray(x)[None])
     S, P = layout.S, layout.P
@@ -349,7 +351,7 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype) -> P
         status, msg = FitStatus.NONFINITE, "the best start could not be evaluated"
     elif singular:
         status, msg = FitStatus.UNIDENTIFIABLE, f"J^T J is singular: the data do not determine {weak}"
-    elif s2 > POOR_FIT_S2:
+    elif s2 > POOR_FIT_S2 and sigma_rule:
         status, msg = (
             FitStatus.POOR_FIT,
             f"the residuals are {np.sqrt(s2):.3g} times the stated sigma: the model does not describe the data "

@@ -82,7 +82,11 @@ def _stack_segments(problem, dtype, pad_to: int | None = None) -> _Stacked:
     t = np.stack(ts)
     dt = np.repeat(np.diff(t, axis=1) / k, k, axis=1)
     data = {o.key: np.stack([pad(s.data[o.key]) for s in segs]) for o in problem.observations}
-    weights = [np.stack([pad(o.weight(np.asarray(s.t, float))) for s in segs]) for o in problem.observations]
+    # each observation's 1/sigma in its weights (the program's observations have sigma 1: _unit_sigma)
+    weights = [
+        np.stack([pad(o.weight(np.asarray(s.t, float))) for s in segs]) / (o.sigma if _sigma_as_data(o) else 1.0)
+        for o in problem.observations
+    ]
     steps = np.arange((N - 1) * k)[None, :] // k < (n[:, None] - 1)
     # built in NumPy and moved with device_put: jnp.stack, jnp.repeat and even jnp.asarray bind
     # an operation that is compiled once per shape in every process (~0.7 s of a repeated
@@ -164,6 +168,7 @@ def _residual_fn(problem, layout):
         Z = x[ng:].reshape(S, nz)
 
         rate = _rate_step(problem, model)
+        observations = _unit_sigma(problem.observations)
 
         def one(z, s0, ts, dts, u, d, w, real):
             st0 = problem.initial.build(model, z, s0)
@@ -174,7 +179,7 @@ def _residual_fn(problem, layout):
                 omega, step_status = _rate_rollout(rate, st0.angular_velocity, dts, u)
                 sig = {"angular_velocity": omega}
             rs = []
-            for o, p, wi in zip(problem.observations, sensor, w):
+            for o, p, wi in zip(observations, sensor, w):
                 pred = sig[o.signal][::k]
                 # zero where the weight is: a padded sample's prediction may be anything
                 rs.append(jnp.where(wi[:, None] > 0, o.residual(pred, ts, d[o.key], p) * wi[:, None], 0.0))
@@ -232,6 +237,22 @@ def _shapes(like):
     return treedef, tuple(np.shape(a) for a in leaves)
 
 
+def _sigma_as_data(o) -> bool:
+    """Whether observation ``o``'s sigma enters the program as data (its weights): rigidjax's
+    own observations, whose residual is their raw residual over ``sigma``; a user's class keeps
+    its sigma as a constant of the trace (its residual may use sigma otherwise)."""
+    return dataclasses.is_dataclass(o) and type(o).__module__ == _OBSERVATIONS and hasattr(o, "sigma")
+
+
+_OBSERVATIONS = "rigidjax.identify.observations"
+
+
+def _unit_sigma(observations) -> tuple:
+    """The observations the program is built from: sigma 1 where it enters as data
+    (:func:`_sigma_as_data`), so that windows with their own noise levels share one program."""
+    return tuple(dataclasses.replace(o, sigma=1.0) if _sigma_as_data(o) else o for o in observations)
+
+
 def _keyed_model(problem):
     """``problem.model`` with every fitted leaf (what a parameter's ``where`` selects) zeroed:
     the program overwrites those leaves (``_Layout.model``), so their start values are not part
@@ -256,7 +277,7 @@ def _structure(problem, layout, dtype, jacobian: bool = True):
         tuple(_frozen(a) for a in leaves),
         tuple((name, _freeze((p.where, p.transform, p.into))) for name, p in problem.parameters.items()),
         tuple((kind, name, _freeze(tr), _shapes(like), off, n) for kind, name, tr, like, off, n in layout.slots),
-        _freeze(tuple(problem.observations)),
+        _freeze(_unit_sigma(problem.observations)),
         _freeze(problem.initial),
         _freeze(problem.stepper),
         _freeze(problem.signals),
@@ -360,7 +381,7 @@ def _stable_key(problem, layout, dtype, jacobian):
                 tuple(leaves),
                 tuple((name, (p.where, p.transform, p.into)) for name, p in problem.parameters.items()),
                 tuple((kind, name, tr, _shapes(like), off, n) for kind, name, tr, like, off, n in layout.slots),
-                tuple(problem.observations),
+                _unit_sigma(problem.observations),
                 problem.initial,
                 problem.stepper,
                 problem.signals,

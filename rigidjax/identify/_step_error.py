@@ -90,7 +90,7 @@ def _step_shift(problem, layout, out, run, x, dtype, N) -> np.ndarray:
     return shift(r_k[0], np.asarray(r_2k[0], float), J[0], x, lambda y: flat_values(layout, jnp.asarray(y, dtype)), se)
 
 
-def refine_steps(problem, layout, out, run, x, g, dtype, N, max_steps, refine):
+def refine_steps(problem, layout, out, run, x, g, dtype, N, max_steps, refine, sigma_rule: bool = True):
     """The step-error check (:mod:`rigidjax.identify._step_error`): while the stepper's error
     moves a value by more than ``STEP_SHIFT_MAX`` standard errors, double ``substeps`` (at most
     ``MAX_DOUBLINGS`` times; none without ``refine``) and refit from the optimum (one start:
@@ -138,7 +138,9 @@ def refine_steps(problem, layout, out, run, x, g, dtype, N, max_steps, refine):
         st = _lm.solve(evaluate, x[None], np.arange(1), lo, hi, eps=float(jnp.finfo(dtype).eps), max_steps=max_steps)
         finer = None
         if st["ok"][0] and np.isfinite(st["cost"][0]):
-            finer = result(problem, layout, stacked, run, st["x"][0], st, 0, first.starts_at_best, first.starts, dtype)
+            finer = result(
+                problem, layout, stacked, run, st["x"][0], st, 0, first.starts_at_best, first.starts, dtype, sigma_rule
+            )
         if finer is None or finer.status not in (FitStatus.CONVERGED, FitStatus.POOR_FIT):
             # keep the fit that reached its optimum, and say why the steps were not refined
             why = "could not be evaluated" if finer is None else f"ended {finer.status}"

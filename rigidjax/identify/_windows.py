@@ -27,6 +27,7 @@ from ._model import (
     theta_chart,
     theta_phys,
 )
+from ._across import RESCUE_KEEP, RESCUE_RANDOM, medoid, poor_reasons, suspects
 from ._problems import Batch
 from ._starts import window_starts
 from ._verdict import REL_SE_MAX, degenerate, edge_push
@@ -47,17 +48,10 @@ REF_TOL = 0.10
 #: Free flight: longest window (s) and most samples per window accepted by default.
 MAX_DURATION = 10.0
 MAX_SAMPLES = 20_000
-#: Quality rule (see module): residual RMS above these multiples of the median over windows /
-#: the window's signal, and above ``POOR_NOISE`` x its noise.
-POOR_MEDIAN, POOR_SIGNAL, POOR_NOISE = 5.0, 0.25, 10.0
 #: Joint fits: a window is a poor fit if its residual under the shared inertia is above
 #: ``JOINT_OWN`` times its own fit's and ``JOINT_MEDIAN`` times the median over the pooled
 #: windows (and ``POOR_NOISE`` x its noise): model error alone leaves 1-4x its own residual.
 JOINT_OWN, JOINT_MEDIAN = 5.0, 3.0
-#: Refit trigger (looser than the rule, so the refit sees every candidate).
-SUSPECT_MEDIAN, SUSPECT_SIGNAL = 3.0, 0.10
-#: Random starts of a refit, and how many of all its starts continue after the first phase.
-RESCUE_RANDOM, RESCUE_KEEP = 16, 4
 #: Rates above this (rad/s, ~8 rev/s) are beyond a hand throw (the racquet flips peak at
 #: ~21 rad/s): such a window is refused, naming deg/s, unless ``max_rate`` is raised.
 MAX_RATE = 50.0
@@ -222,22 +216,8 @@ def _fit_windows(run: _Run, wins: np.ndarray, k: np.ndarray, starts: int) -> dic
 
 
 def _medoid(theta: np.ndarray) -> np.ndarray:
-    """The row of ``theta`` (model values, I_yy = 1) nearest the median (a physical point)."""
-    z = np.log(np.maximum(np.abs(theta[:, [0, 2]]), 1e-12))
-    return theta[np.argmin(np.abs(z - np.median(z, 0)).sum(1))]
-
-
-def _recording_medians(run: _Run, wins, rms, fine) -> np.ndarray:
-    """Per window: the median residual of the fine windows of its recording (one body, one
-    set of conditions) where there are at least 3, else of all fine windows."""
-    src = np.array([run.segs[i].source for i in wins])
-    med_all = float(np.median(rms[fine])) if fine.any() else np.inf
-    out = np.full(len(wins), med_all)
-    for s_ in set(src):
-        m = fine & (src == s_)
-        if m.sum() >= 3:
-            out[src == s_] = float(np.median(rms[m]))
-    return out
+    """The row of ``theta`` (model values, I_yy = 1) nearest the median in log ratios (a physical point)."""
+    return theta[medoid(np.log(np.maximum(np.abs(theta[:, [0, 2]]), 1e-12)))]
 
 
 def _rescue(run: _Run, wins: np.ndarray, k: np.ndarray, st: dict) -> None:
@@ -245,13 +225,8 @@ def _rescue(run: _Run, wins: np.ndarray, k: np.ndarray, st: dict) -> None:
     spec = run.spec
     rms = np.sqrt(2 * st["cost"] / np.array([3.0 * run.segs[i].n for i in wins]))
     conv = st["ok"] & (st["status"] == _lm.LMStatus.CONVERGED)
-    if not conv.any():
-        fine = st["ok"] & np.isfinite(rms)
-    else:
-        fine = conv
-    med = _recording_medians(run, wins, rms, fine)
-    sig = run.signal[wins]
-    suspect = ~conv | (rms > SUSPECT_MEDIAN * med) | (rms > SUSPECT_SIGNAL * sig)
+    rms = np.where(st["ok"], rms, np.inf)
+    suspect = suspects(rms, run.signal[wins], conv, [run.segs[i].source for i in wins])
     if not suspect.any():
         return
     bad = np.flatnonzero(suspect)
@@ -524,37 +499,25 @@ def _per_window(run: _Run, wins, k, starts, *, adapt: bool, reference_check: boo
 
 
 def _quality(run: _Run, rows, fitted) -> None:
-    """The residual rule (see module), IN PLACE on ``rows``. The median is over the windows of
-    the same recording (one body, one set of conditions) where it has at least 3, else over
-    all windows."""
+    """The poor-fit rule of :mod:`rigidjax.identify._across`, IN PLACE on ``rows`` (over the
+    windows fitted to their minimum; the median over the windows of the same recording where
+    it has at least 3, else over all)."""
     conv = [
         i for i in fitted if rows[i]["status"] in (FitStatus.CONVERGED, FitStatus.STEP_ERROR, FitStatus.UNIDENTIFIABLE)
     ]
     if not conv:
         return
-    rms_c = np.array([rows[i]["rms"] for i in conv])
-    meds = _recording_medians(run, np.array(conv), rms_c, np.ones(len(conv), bool))
-    n_src = {s_: sum(rows[j]["source"] == s_ for j in conv) for s_ in {rows[j]["source"] for j in conv}}
-    for j, i in enumerate(conv):
-        r = rows[i]
-        med, n_med = meds[j], (n_src[r["source"]] if n_src[r["source"]] >= 3 else len(conv))
-        rms = r["rms"]
-        why = []
-        if rms > POOR_MEDIAN * med and n_med > 1:
-            scope = "its recording's windows" if n_src[r["source"]] >= 3 else "the windows"
-            why.append(f"{rms / med:.1f}x the median over {scope} ({med:.3g} rad/s)")
-        if rms > POOR_SIGNAL * run.signal[i]:
-            why.append(
-                f"{rms / run.signal[i]:.0%} of the window's own variation "
-                f"({run.signal[i]:.3g} rad/s RMS; a good fit leaves "
-                f"under {POOR_SIGNAL:.0%})"
-            )
-        if why and rms > POOR_NOISE * run.noise[i]:
-            r["status"] = FitStatus.POOR_FIT
-            r["reason"] = (
-                f"residual {rms:.3g} rad/s: " + " and ".join(why) + f", and {rms / run.noise[i]:.0f}x its noise "
-                f"({run.noise[i]:.2g} rad/s): a wrong basin, or not free flight"
-            )
+    why = poor_reasons(
+        [rows[i]["rms"] for i in conv],
+        run.signal[conv],
+        run.noise[conv],
+        [rows[i]["source"] for i in conv],
+        unit="rad/s",
+        cause="a wrong basin, or not free flight",
+    )
+    for i, reason in zip(conv, why):
+        if reason is not None:
+            rows[i]["status"], rows[i]["reason"] = FitStatus.POOR_FIT, reason
 
 
 def _overall(rows, excluded: dict, extra: list[str] = ()) -> tuple[FitStatus, str]:
