@@ -20,14 +20,16 @@ Rows:
   are named in its status).
 * ``rigidjax identify.fit_many``: the general layer (:func:`rigidjax.identify.fit_many`) with
   the same model: ``transforms.MomentRatios`` (fit_inertia's box chart, edges reached exactly),
-  ``AngularVelocity(bias=False, sigma=1)``, ``FreeBodyInitial(("angular_velocity",))``, the
-  midpoint step with the sub-steps ``fit_inertia`` chose for the window (its adapted
-  ``substeps``), ``--starts`` starts from the same equation-error start as SciPy's (the rest
-  random, the layer's ``spread``); one problem per window, every window padded to the
-  longest, one ``fit_many`` call per sub-step count (one compiled program each), on every
-  window, timed cold (first pass, compilation included) and warm (second pass); per window
-  (the ``N`` baseline windows, column ``identify.fit``) its DOP853 cost against the best and
-  its estimates against fit_inertia's in fit_inertia's standard errors.
+  ``AngularVelocity(bias=False, sigma=the window's noise)`` (``recipes.noise_level``),
+  ``FreeBodyInitial(("angular_velocity",))``, the midpoint step with the sub-steps
+  ``fit_inertia`` chose for the window (its adapted ``substeps``), ``--starts`` starts from
+  the same equation-error start as SciPy's (the rest random, the layer's ``spread``); one
+  problem per window, every window padded to the longest, all windows in one ``fit_many``
+  call with ``groups`` (fit_inertia's recording labels: the rules across windows, one
+  program per sub-step count), then :func:`rigidjax.identify.combine`; timed cold (first
+  pass, compilation included) and warm (second pass); its statuses against fit_inertia's per
+  window; per window (the ``N`` baseline windows, column ``identify.fit``) its DOP853 cost
+  against the best and its estimates against fit_inertia's in fit_inertia's standard errors.
 * ``scipy least_squares + solve_ivp``: the straightforward approach, per window,
   ``scipy.optimize.least_squares`` (trust-region reflective, finite-difference Jacobian)
   around ``scipy.integrate.solve_ivp`` (RK45, rtol 1e-6, atol 1e-8) of Euler's equations,
@@ -132,7 +134,7 @@ def _inertia(m):
     return m.inertia
 
 
-def layer_problem(seg, start, substeps: int):
+def layer_problem(seg, start, substeps: int, sigma: float = 1.0):
     """One window as a :class:`rigidjax.identify.Problem` of the general layer (the row
     ``rigidjax identify.fit_many``, see module): ``start = (Ix/Iy, Iz/Iy)`` projected onto the
     valid box (as SciPy's and sysid's: an equation-error start may violate it), ``omega0``
@@ -143,6 +145,7 @@ def layer_problem(seg, start, substeps: int):
 
     import rigidjax as rj
     from rigidjax import identify
+    from rigidjax.identify import observations as obs
     from rigidjax.identify import transforms as tr
 
     state0 = rj.RigidBodyState(orientation=jnp.array([1.0, 0, 0, 0]), angular_velocity=jnp.asarray(seg.omega[0]))
@@ -154,7 +157,7 @@ def layer_problem(seg, start, substeps: int):
                 _inertia, tr.MomentRatios(), into=tr.MomentRatios.inertia, start=np.array(ratios(chart(*start)))
             )
         },
-        observations=_LAYER["observations"],
+        observations=[obs.AngularVelocity(bias=False, sigma=float(sigma))],
         segments=[identify.MeasuredSegment(t=seg.t - seg.t[0], data={"omega": seg.omega}, state0=state0)],
         initial=_LAYER["initial"],
         substeps=int(substeps),
@@ -164,54 +167,51 @@ def layer_problem(seg, start, substeps: int):
 _LAYER: dict = {}
 
 
-def layer_fits(segs, starts_of, substeps, starts: int, pad_to: int) -> tuple[dict, float, float]:
-    """Every window with :func:`rigidjax.identify.fit_many`: one call per sub-step count
-    (``substeps[i]``, fit_inertia's), every window padded to ``pad_to``. Returns ``({window
-    index: result}, wall s, CPU s)``; each result: ``Ix/Iy``, ``Iz/Iy``, ``omega0``, ``rms``
-    (its own, midpoint at its sub-steps), ``se`` (the layer's: the larger of the classical and
-    the block-sandwich estimate), ``se_classical`` (``s^2 (J^T J)^-1``, as fit_inertia's),
-    ``status``, ``message``, ``iterations``, ``starts_at_best``, ``substeps`` (after the
-    layer's own step-error check), ``at_edge`` (a chart coordinate held at a bound),
-    ``chart``, ``cpu_s`` (its call's CPU divided by its windows)."""
+def layer_fits(segs, starts_of, substeps, starts: int, pad_to: int, groups) -> tuple[dict, float, float, object]:
+    """Every window with :func:`rigidjax.identify.fit_many` in one call with ``groups``
+    (``substeps[i]``, fit_inertia's: one program per count; every window padded to
+    ``pad_to``; each window's sigma its noise level), then :func:`rigidjax.identify.combine`.
+    Returns ``({window index: result}, wall s, CPU s, combined)``; each result: ``Ix/Iy``,
+    ``Iz/Iy``, ``omega0``, ``rms`` (its own, midpoint at its sub-steps), ``se`` (the layer's:
+    the larger of the classical and the block-sandwich estimate), ``se_classical`` (``s^2
+    (J^T J)^-1``, as fit_inertia's), ``status`` (after combining), ``message``,
+    ``iterations``, ``starts_at_best``, ``substeps`` (after the layer's own step-error
+    check), ``at_edge`` (a chart coordinate held at a bound), ``chart``, ``cpu_s`` (the
+    call's CPU divided by the windows)."""
     import rigidjax as rj
     from rigidjax import identify
-    from rigidjax.identify import observations as obs
+    from rigidjax.identify.recipes import noise_level
 
     if not _LAYER:
         _LAYER.update(
-            stepper=rj.Midpoint(max_rotation=float("inf")),
-            observations=[obs.AngularVelocity(bias=False, sigma=1.0)],
-            initial=identify.FreeBodyInitial(("angular_velocity",)),
+            stepper=rj.Midpoint(max_rotation=float("inf")), initial=identify.FreeBodyInitial(("angular_velocity",))
         )
     out = {}
     t0, c0 = time.perf_counter(), _cpu()
-    for k in sorted(set(substeps)):
-        idx = [i for i in range(len(segs)) if substeps[i] == k]
-        tc = _cpu()
-        fits = identify.fit_many(
-            [layer_problem(segs[i], starts_of(segs[i]), k) for i in idx], starts=starts, pad_to=pad_to
-        )
-        cpu_each = (_cpu() - tc) / len(idx)
-        for i, f in zip(idx, fits):
-            ix, iz = (float(v) for v in f.values["ratios"])
-            out[i] = {
-                "Ix/Iy": ix,
-                "Iz/Iy": iz,
-                "omega0": [float(v) for v in f.initial[0]],
-                "rms": float(f.rms[0]),
-                "se": [float(v) for v in f.se["ratios"]],
-                "se_classical": [float(v) for v in f.se_classical["ratios"]],
-                "status": str(f.status.value),
-                "message": f.message,
-                "iterations": int(f.iterations),
-                "starts_at_best": int(f.starts_at_best),
-                "substeps": int(f.substeps),
-                "substeps_given": int(k),
-                "at_edge": "held at a bound" in f.message,
-                "chart": [float(v) for v in f.x[:2]],
-                "cpu_s": cpu_each,
-            }
-    return out, time.perf_counter() - t0, _cpu() - c0
+    problems = [layer_problem(s, starts_of(s), k, noise_level(s.omega)) for s, k in zip(segs, substeps)]
+    fits = identify.fit_many(problems, starts=starts, pad_to=pad_to, groups=groups)
+    combined = identify.combine(fits, groups)
+    cpu_each = (_cpu() - c0) / len(segs)
+    for i, f in enumerate(combined.fits):
+        ix, iz = (float(v) for v in f.values["ratios"])
+        out[i] = {
+            "Ix/Iy": ix,
+            "Iz/Iy": iz,
+            "omega0": [float(v) for v in f.initial[0]],
+            "rms": float(f.rms[0]),
+            "se": [float(v) for v in f.se["ratios"]],
+            "se_classical": [float(v) for v in f.se_classical["ratios"]],
+            "status": str(f.status.value),
+            "message": f.message,
+            "iterations": int(f.iterations),
+            "starts_at_best": int(f.starts_at_best),
+            "substeps": int(f.substeps),
+            "substeps_given": int(substeps[i]),
+            "at_edge": "held at a bound" in f.message,
+            "chart": [float(v) for v in f.x[:2]],
+            "cpu_s": cpu_each,
+        }
+    return out, time.perf_counter() - t0, _cpu() - c0, combined
 
 
 def _dop853_rms(seg, ix, iz, w0) -> float:
@@ -333,8 +333,13 @@ def main(argv=None) -> int:
     for _ in range(2):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            layer, wall, cpu = layer_fits(
-                segs, _start, [ours.segments[i]["substeps"] for i in range(len(segs))], args.starts, pad_to
+            layer, wall, cpu, layer_combined = layer_fits(
+                segs,
+                _start,
+                [ours.segments[i]["substeps"] for i in range(len(segs))],
+                args.starts,
+                pad_to,
+                [ours.segments[i]["recording"] for i in range(len(segs))],
             )
         layer_times.append((wall, cpu))
     per_window = []
@@ -415,12 +420,18 @@ def main(argv=None) -> int:
         "cold_cpu_s": layer_times[0][1],
         "warm_cpu_s": layer_times[1][1],
         "windows": len(segs),
-        "Ix/Iy": float(np.median([r["Ix/Iy"] for r in layer.values()])),
-        "Iz/Iy": float(np.median([r["Iz/Iy"] for r in layer.values()])),
+        "Ix/Iy": layer_combined.estimates.get("ratios[0]"),
+        "Iz/Iy": layer_combined.estimates.get("ratios[1]"),
+        "interval_Ix/Iy": layer_combined.intervals.get("ratios[0]"),
         "rms": float(np.sqrt(np.mean([r["rms"] ** 2 for r in layer.values()]))),
-        "status": f"{sum(r['status'] == 'converged' for r in layer.values())} of {len(segs)} converged",
-        "method": "rigidjax.identify.fit_many: MomentRatios, AngularVelocity(bias=False), "
-        "FreeBodyInitial(angular_velocity), midpoint at fit_inertia's sub-steps, one call per sub-step count",
+        "status": f"{sum(r['status'] == 'converged' for r in layer.values())} of {len(segs)} converged, "
+        f"{len(layer_combined.windows)} pooled",
+        "statuses_as_fit_inertia": int(
+            sum(layer[i]["status"] == ours.segments[i]["status"].value for i in range(len(segs)))
+        ),
+        "method": "rigidjax.identify.fit_many(groups=recordings) + identify.combine: MomentRatios, "
+        "AngularVelocity(bias=False, sigma=noise), FreeBodyInitial(angular_velocity), midpoint at fit_inertia's "
+        "sub-steps, one call",
     }
     if why_not is None:
         rows["mujoco.sysid"] = _baseline_row(
@@ -523,7 +534,9 @@ def main(argv=None) -> int:
         f"{100 * summary['scipy_cost_excess_max']:+.1f} %, against rigidjax's under DOP853)."
     )
     print(
-        f"identify.fit_many (the general layer, all {len(segs)} windows, fit_inertia's sub-steps): "
+        f"identify.fit_many (the general layer, all {len(segs)} windows in one call with groups, fit_inertia's "
+        f"sub-steps, then combine): statuses as fit_inertia's on "
+        f"{rows['rigidjax identify.fit_many']['statuses_as_fit_inertia']} of {len(segs)} windows; "
         f"{summary['identify_fit_many_cpu_ratio_warm']:.0f}x less CPU than SciPy warm, "
         f"{summary['identify_fit_many_cpu_ratio_cold']:.0f}x cold; cost under DOP853 at most "
         f"{100 * summary['identify_fit_cost_excess_max']:+.3f} % above the best on any window; estimates within "

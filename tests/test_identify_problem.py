@@ -810,6 +810,38 @@ def test_windows_of_one_body_are_judged_against_each_other():
         identify.fit_many(lost, groups=["a", "b"])
 
 
+def test_combine_pools_the_recordings_that_agree():
+    """``combine``: two recordings of one body (4 and 3 windows, noise 1e-3 rad/s) and one of
+    another body (3 windows, moments 1, 2.6, 3.2): the third is left out as ``inconsistent``,
+    named, and the median over the seven pooled windows has a 95 % interval (order
+    statistics) that holds the truth; ``pool="all"`` pools every converged window."""
+    rng = np.random.default_rng(8)
+    t = np.arange(80) * 0.01
+    problems, groups = [], []
+    for rec, inertia, n_win in (("a", INERTIA, 4), ("b", INERTIA, 3), ("c", np.array([1.0, 2.6, 3.2]), 3)):
+        for _ in range(n_win):
+            w, _ = free_body_truth(inertia, W0 + rng.normal(0, 0.3, 3), np.array([1.0, 0, 0, 0]), t)
+            meas = w + 1e-3 * rng.standard_normal(w.shape)
+            seg = identify.MeasuredSegment(t=t, data={"omega": meas}, state0=_state0(meas[0]))
+            problems.append(_problem([seg]))
+            groups.append(rec)
+    fits = identify.fit_many(problems, starts=2, groups=groups)
+    assert all(f.status == identify.FitStatus.CONVERGED for f in fits), [f.message for f in fits]
+    c = identify.combine(fits, groups)
+    assert list(c.excluded) == ["c"] and "a different body" in c.excluded["c"]
+    assert c.windows == list(range(7)) and c.recordings == ["a", "b"]
+    assert [f.status.value for f in c.fits[7:]] == ["inconsistent"] * 3
+    truth = INERTIA[1:] / INERTIA[0]
+    for j, name in enumerate(("ratios[0]", "ratios[1]")):
+        lo, hi = c.intervals[name]
+        assert lo <= truth[j] <= hi, (name, lo, hi, truth[j])
+        assert 0 < c.se_stat[name] < c.se_total[name]
+    json.dumps(c.to_dict(), allow_nan=False)
+    assert identify.combine(fits, groups, pool="all").windows == list(range(10))
+    with pytest.raises(ValueError, match="groups has 1 labels for 10 fits"):
+        identify.combine(fits, ["a"])
+
+
 def test_rules_across_windows():
     """The rules of ``_across`` on numbers: a recording with 3 or more windows is its own
     median, a smaller one borrows the median over all; a residual 5x the median and 10x the

@@ -15,7 +15,9 @@ r"""Identification from measured motion: inertia from free flights, a pendulum's
   ``Signal``) are in :mod:`rigidjax.identify.observations`. :func:`fit_many` fits many
   independent problems of one structure (e.g. one per window) in one compiled program; with
   ``groups`` (windows of one body) it judges them against each other as :func:`fit_inertia`
-  does (:mod:`rigidjax.identify._across`).
+  does (:mod:`rigidjax.identify._across`), and :func:`combine` pools their estimates (the
+  median over the recordings that agree, with an interval covering the scatter between
+  windows: :mod:`rigidjax.identify._combine`).
 * :class:`FitStatus`: one status vocabulary for every fit.
 * :func:`keep_programs`: a folder where traced programs are kept between processes (the
   command line uses it beside JAX's compilation cache).
@@ -30,6 +32,7 @@ from ._stored import keep_programs
 from .pendulum import PendulumFit, fit_pendulum, fit_pendulum_segments
 from . import observations, recipes, transforms
 from ._problem_fit import fit, fit_many
+from ._combine import Combined, combine
 from .problem import FreeBodyInitial, InitialState, MeasuredSegment, Parameter, Problem, ProblemFit
 
 __all__ = [
@@ -48,6 +51,8 @@ __all__ = [
     "PendulumFit",
     "fit",
     "fit_many",
+    "combine",
+    "Combined",
     "Problem",
     "ProblemFit",
     "Parameter",

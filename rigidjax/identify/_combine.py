@@ -39,6 +39,7 @@ largest group (most windows) are pooled; the others are named and left out.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -213,3 +214,138 @@ def consistency(values: dict, keys) -> tuple[list, dict, dict]:
             f"their combined spread and {REL_AGREE:.0%}): a different body or mounting?"
         )
     return main, excluded, summaries
+
+
+@dataclasses.dataclass(frozen=True)
+class Combined:
+    """The combination of windows of one body fitted by :func:`rigidjax.identify.fit_many`
+    (:func:`combine`).
+
+    Attributes:
+        estimates: ``{name: median}`` over the pooled converged windows, per flattened model
+            value (``ProblemFit.names``' model part, e.g. ``"ratios[0]"``).
+        se_stat: ``{name: 1-sigma}`` from the windows' own errors alone (noise only,
+            :func:`median_se_stat`).
+        se_total: ``{name: 1-sigma}`` covering the scatter between windows (the interval's
+            half width over 1.96; ``nan`` with one window).
+        intervals: ``{name: (lo, hi)}``, the 95 % interval of :func:`window_interval`.
+        method: how the interval was formed.
+        windows: indices of the pooled windows; ``recordings`` their groups.
+        excluded: ``{group: reason}`` of the recordings left out (inconsistent).
+        by_recording: per group, per compared value: median, spread, windows.
+        fits: the fits, the windows of excluded recordings with status ``inconsistent``.
+    """
+
+    estimates: dict
+    se_stat: dict
+    se_total: dict
+    intervals: dict
+    method: str
+    windows: list
+    recordings: list
+    excluded: dict
+    by_recording: dict
+    fits: list
+
+    def to_dict(self) -> dict:
+        """JSON-ready (non-finite numbers as ``None``; the fits by their ``to_dict``)."""
+
+        def clean(v):
+            if isinstance(v, (tuple, list)):
+                return [clean(a) for a in v]
+            return float(v) if np.isfinite(v) else None
+
+        return {
+            "estimates": {k: clean(v) for k, v in self.estimates.items()},
+            "se_stat": {k: clean(v) for k, v in self.se_stat.items()},
+            "se_total": {k: clean(v) for k, v in self.se_total.items()},
+            "intervals": {k: clean(v) for k, v in self.intervals.items()},
+            "method": self.method,
+            "windows": list(self.windows),
+            "recordings": list(self.recordings),
+            "excluded": dict(self.excluded),
+            "by_recording": self.by_recording,
+            "fits": [f.to_dict() for f in self.fits],
+        }
+
+
+def combine(fits, groups=None, *, pool: str = "consistent") -> Combined:
+    """Combine windows of one body fitted by :func:`rigidjax.identify.fit_many` (with the same
+    ``groups``): the median of each model value over the converged windows of the recordings
+    that agree, its statistical error and the interval covering the scatter between windows
+    (module docstring).
+
+    Recordings are compared (:func:`consistency`) on the model values that are positive in
+    every converged window (moments, ratios, lengths, damping: log scale); sensor values
+    (a bias, a frame offset) belong to each recording and are not combined.
+
+    Args:
+        fits: ``[ProblemFit]`` of windows of one body (one structure).
+        groups: a recording label per fit (``None``: one recording).
+        pool: ``"consistent"`` (leave out recordings that disagree with the largest agreeing
+            set, naming them) or ``"all"``.
+
+    Returns:
+        :class:`Combined`.
+
+    Raises:
+        ValueError: no fits, a ``groups`` of another length, a bad ``pool``, fits whose model
+            values differ in names.
+    """
+    from ._result import FitStatus
+
+    fits = list(fits)
+    if not fits:
+        raise ValueError("combine: no fits")
+    groups = ["all"] * len(fits) if groups is None else [str(g) for g in groups]
+    if len(groups) != len(fits):
+        raise ValueError(f"combine: groups has {len(groups)} labels for {len(fits)} fits (one per fit)")
+    if pool not in ("consistent", "all"):
+        raise ValueError(f"combine: pool must be 'consistent' or 'all'; got {pool!r}")
+    names = [n for n in fits[0].names if not n.startswith("sensor")]
+    if any([n for n in f.names if not n.startswith("sensor")] != names for f in fits):
+        raise ValueError("combine: the fits' model values differ in names (fit windows of one structure)")
+
+    def flat(d):
+        return np.concatenate([np.ravel(np.asarray(v, float)) for v in d.values()])[: len(names)]
+
+    values = np.array([flat(f.values) for f in fits])
+    errors = np.array([flat(f.se) for f in fits])
+    conv = [i for i, f in enumerate(fits) if f.status == FitStatus.CONVERGED]
+    positive = [j for j in range(len(names)) if conv and np.all(values[conv, j] > 0)]
+    by_group: dict = {}
+    for i in conv:
+        by_group.setdefault(groups[i], []).append(values[i, positive])
+    main, excluded, summaries = consistency({g: np.array(v) for g, v in by_group.items()}, [names[j] for j in positive])
+    if pool == "all" or not positive:
+        main, excluded = list(by_group), {}
+    out = list(fits)
+    for i in conv:
+        if groups[i] not in main:
+            out[i] = dataclasses.replace(
+                fits[i], status=FitStatus.INCONSISTENT, message="recording not pooled: " + excluded.get(groups[i], "")
+            )
+    pooled = [i for i in conv if groups[i] in main]
+    est, se_stat, se_tot, intervals, method = {}, {}, {}, {}, ""
+    for j, name in enumerate(names):
+        v, e = values[pooled, j], errors[pooled, j]
+        if len(pooled) == 1:
+            est[name], se_stat[name] = float(v[0]), float(e[0])
+            se_tot[name], intervals[name] = float("nan"), (float("nan"), float("nan"))
+            method = "one window: no scatter between windows to measure"
+        elif pooled:
+            lo, hi, _, method = window_interval(v)
+            est[name], se_stat[name] = float(np.median(v)), median_se_stat(e)
+            intervals[name], se_tot[name] = (lo, hi), (hi - lo) / (2 * 1.959964)
+    return Combined(
+        estimates=est,
+        se_stat=se_stat,
+        se_total=se_tot,
+        intervals=intervals,
+        method=method,
+        windows=pooled,
+        recordings=[g for g in dict.fromkeys(groups[i] for i in pooled)],
+        excluded=excluded,
+        by_recording=summaries,
+        fits=out,
+    )
