@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 
 import hypothesis
 import hypothesis.extra.numpy as hnp
@@ -885,3 +886,80 @@ def test_step_error_check_refines_to_the_fine_step_estimate():
     assert f.to_dict()["substeps"] == f.substeps
     with pytest.raises(ValueError, match="step_check"):
         identify.fit(coarse, step_check="yes")
+
+
+def _window_problems(segs, substeps):
+    """The shared flips as layer problems of fit_inertia's per-window model: principal-moment
+    ratios in its box chart (``MomentRatios``) from the equation-error start, the initial rate,
+    the gyroscope (no bias) with the window's noise as sigma, fit_inertia's sub-steps."""
+    from rigidjax.identify._model import Spec, equation_error_guess
+    from rigidjax.identify.recipes import noise_level
+
+    stepper, initial = rj.Midpoint(max_rotation=float("inf")), identify.FreeBodyInitial(("angular_velocity",))
+    problems = []
+    for s, k in zip(segs, substeps):
+        th = equation_error_guess([s], Spec(False, None, False))
+        mo = np.maximum(th[:3], 1e-3 * np.sum(np.abs(th[:3])))
+        a, c = mo[0] / mo[1], mo[2] / mo[1]
+        u, v = min(max((c - a + 1) / 2, 0.0), 1.0), max((a + c - 1) / 2, 0.0)
+        problems.append(
+            identify.Problem(
+                model=rj.RigidBody(1.0, np.eye(3)),
+                stepper=stepper,
+                parameters={
+                    "ratios": identify.Parameter(
+                        lambda m: m.inertia, tr.MomentRatios(), into=tr.MomentRatios.inertia, start=[v + 1 - u, u + v]
+                    )
+                },
+                observations=[obs.AngularVelocity(bias=False, sigma=noise_level(s.omega))],
+                segments=[
+                    identify.MeasuredSegment(t=s.t - s.t[0], data={"omega": s.omega}, state0=_state0(s.omega[0]))
+                ],
+                initial=initial,
+                substeps=int(k),
+            )
+        )
+    return problems
+
+
+def _agrees_with_fit_inertia(path):
+    """fit_many(groups) + combine on the windows of ``path`` against fit_inertia's per-window
+    fit: the same status on every window, the estimates within 1e-3 of fit_inertia's standard
+    errors (both reach the same minima), the same combined estimate and recordings left out."""
+    from rigidjax.io import load_phyphox
+
+    segs = load_phyphox(path)
+    with warnings.catch_warnings():  # its status (poor fit, inconsistent) is what is compared
+        warnings.simplefilter("ignore")
+        ref = identify.fit_inertia(segs)
+    rows = ref.segments
+    groups = [r["recording"] for r in rows]
+    fits = identify.fit_many(_window_problems(segs, [r["substeps"] for r in rows]), starts=4, groups=groups)
+    c = identify.combine(fits, groups)
+    assert [f.status.value for f in c.fits] == [r["status"].value for r in rows], [
+        (r["name"], r["status"].value, f.status.value, f.message) for r, f in zip(rows, c.fits)
+    ]
+    for r, f in zip(rows, c.fits):
+        for j, name in enumerate(("Ix/Iy", "Iz/Iy")):
+            if r["estimates"]:
+                assert abs(float(f.values["ratios"][j]) - r["estimates"][name]) <= 1e-3 * r["se"][name], r["name"]
+    assert set(c.excluded) == set(ref.combined["excluded"])
+    for j, name in enumerate(("Ix/Iy", "Iz/Iy")):
+        np.testing.assert_allclose(c.estimates[f"ratios[{j}]"], ref.estimates[name], rtol=1e-5)
+    return c
+
+
+def test_windows_of_one_recording_as_fit_inertia_judges_them(racquet_dir):
+    """One shared recording (six flips, one of them a poor fit: 5.4x the others' median):
+    ``fit_many(groups)`` + ``combine`` give fit_inertia's statuses,
+    estimates and combined estimate (see ``_agrees_with_fit_inertia``)."""
+    c = _agrees_with_fit_inertia(racquet_dir / "flips" / "round1" / "Gyroscope rotation rate 2025-01-16 17-10-11")
+    assert [f.status.value for f in c.fits].count("poor_fit") == 1
+
+
+@pytest.mark.slow
+def test_all_shared_flips_as_fit_inertia_judges_them(racquet_dir):
+    """All 69 shared flips of four recordings: as above (two recordings left out as
+    inconsistent, one window a poor fit)."""
+    c = _agrees_with_fit_inertia(racquet_dir / "flips")
+    assert len(c.excluded) == 2

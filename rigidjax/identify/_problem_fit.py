@@ -183,14 +183,14 @@ def _fit(
     raise_on_failure,
     name,
     sigma_rule=True,
-    given=None,
-    first=None,
+    refits=None,
 ):
     """The fit of :func:`fit` and :func:`fit_many`. ``sigma_rule``: see
-    :func:`~rigidjax.identify._problem_result.result`; ``given``: ``W`` arrays ``(starts, P)``
-    of start points instead of the given values and random ones (the start values are not
-    checked alone); ``first``: ``(steps, keep)``: every start runs ``steps`` iterations, the
-    ``keep`` lowest of each problem continue."""
+    :func:`~rigidjax.identify._problem_result.result`. ``refits``: a list to which the fit
+    appends ``refit(ws, given) -> {w: ProblemFit}``, a refit of its problems ``ws`` from the
+    start points ``given[w] (n, P)`` (every start :data:`_across.RESCUE_FIRST_STEPS`
+    iterations, the :data:`_across.RESCUE_KEEP` lowest of each problem to the end) through the
+    same compiled program (fit_many's refit of suspect windows: no compilation)."""
     if not isinstance(starts, (int, np.integer)) or starts < 1:
         raise ValueError(f"{name}: starts must be an integer >= 1; got {starts!r}")
     if not spread >= 0:
@@ -222,7 +222,7 @@ def _fit(
     x0 = np.stack([lay.start() for lay in layouts])
     r0, status0, _ = run(x0, np.arange(W))
     failed = {}
-    for w in range(W if given is None else 0):
+    for w in range(W):
         if np.any(status0[w] != Status.SUCCESS) or not np.all(np.isfinite(r0[w])):
             codes = sorted({Status(int(c)).name for c in status0[w] if c != Status.SUCCESS})
             why = "; ".join(_START_HINTS.get(f, "a failed step at the start values") for f in codes) or "NaN residuals"
@@ -240,25 +240,28 @@ def _fit(
             )
     # the random starts into the transforms' box (the given start is inside: _Layout checks it)
     X0 = np.clip(X0, lo, hi)
-    if given is not None:  # the caller's start points (fit_many's refit of suspect windows)
-        X0 = np.concatenate(given)
-    # the random starts into the transforms' box (the given start is inside: _Layout checks it)
-    X0 = np.clip(X0, lo, hi)
     eps = float(jnp.finfo(dtype).eps)
-    if first is None:
-        st = _lm.solve(evaluate, X0, np.arange(W * starts), lo, hi, eps=eps, max_steps=max_steps)
-        per = starts
-    else:  # every start a few iterations, the lowest of each problem to the end
-        steps1, per = first
-        st = _lm.solve(evaluate, X0, np.arange(W * starts), lo, hi, eps=eps, max_steps=steps1)
-        c1 = np.where(st["ok"], st["cost"], np.inf).reshape(W, starts)
-        st = _lm.select(st, (np.argsort(c1, 1)[:, :per] + np.arange(W)[:, None] * starts).ravel())
-        st = _lm.solve(evaluate, None, None, None, None, eps=eps, max_steps=max_steps, state=st)
-    cost = np.where(st["ok"], st["cost"], np.inf).reshape(W, per)
+    st = _lm.solve(evaluate, X0, np.arange(W * starts), lo, hi, eps=eps, max_steps=max_steps)
+    cost = np.where(st["ok"], st["cost"], np.inf).reshape(W, starts)
     best = np.argmin(np.where(np.isfinite(cost), cost, np.inf), axis=1)
-    rows = np.arange(W) * per + best
+    rows = np.arange(W) * starts + best
     # every problem's best point in one evaluation of the fit's own program
     at_best_eval = run(st["x"][rows], np.arange(W))
+
+    def finish(w, st_, row, at_best, n_starts, one):
+        """The result of problem ``w`` at row ``row`` of the optimiser's state ``st_``."""
+        problem, lay = problems[w], layouts[w]
+        x, g = st_["x"][row], st_["g"][row]
+        res = result(problem, lay, stacked[w], one, x, st_, row, at_best, n_starts, dtype, sigma_rule)
+        if step_check != "off":
+            res, x, g = refine_steps(
+                problem, lay, res, one, x, g, dtype, N, max_steps, step_check == "refine", sigma_rule
+            )
+        held = _held(lay, x, g)
+        if held:
+            res = dataclasses.replace(res, message=f"{res.message}; held at a bound: {', '.join(held)}")
+        return res
+
     out = []
     for w, (problem, lay) in enumerate(zip(problems, layouts)):
         if w not in failed and not np.any(np.isfinite(cost[w])):
@@ -270,17 +273,33 @@ def _fit(
             continue
         b, row = int(best[w]), int(rows[w])
         at_best = int(np.sum(cost[w] <= cost[w, b] * (1 + 1e-6) + 1e-300))
-        x, g = st["x"][row], st["g"][row]
-        one = _remembered(run_one(w), x, tuple(a[w : w + 1] for a in at_best_eval))
-        res = result(problem, lay, stacked[w], one, x, st, row, at_best, starts, dtype, sigma_rule)
-        if step_check != "off":
-            res, x, g = refine_steps(
-                problem, lay, res, one, x, g, dtype, N, max_steps, step_check == "refine", sigma_rule
-            )
-        held = _held(lay, x, g)
-        if held:
-            res = dataclasses.replace(res, message=f"{res.message}; held at a bound: {', '.join(held)}")
-        out.append(res)
+        one = _remembered(run_one(w), st["x"][row], tuple(a[w : w + 1] for a in at_best_eval))
+        out.append(finish(w, st, row, at_best, starts, one))
+
+    def refit(ws, given) -> dict:
+        n = len(given[ws[0]])
+        keep = min(_across.RESCUE_KEEP, n)
+        X = np.concatenate([given[w] for w in ws])
+        which = np.repeat(np.asarray(ws), n)
+        lo_r, hi_r = np.stack([layouts[w].lo for w in which]), np.stack([layouts[w].hi for w in which])
+        # rows w * starts: evaluate() reads a row's problem as row // starts
+        r = _lm.solve(
+            evaluate, np.clip(X, lo_r, hi_r), which * starts, lo_r, hi_r, eps=eps, max_steps=_across.RESCUE_FIRST_STEPS
+        )
+        c1 = np.where(r["ok"], r["cost"], np.inf).reshape(len(ws), n)
+        r = _lm.select(r, (np.argsort(c1, 1)[:, :keep] + np.arange(len(ws))[:, None] * n).ravel())
+        r = _lm.solve(evaluate, None, None, None, None, eps=eps, max_steps=max_steps, state=r)
+        c2 = np.where(r["ok"], r["cost"], np.inf).reshape(len(ws), keep)
+        found = {}
+        for j, w in enumerate(ws):
+            b = int(np.argmin(c2[j]))
+            if np.isfinite(c2[j, b]):
+                at_best = int(np.sum(c2[j] <= c2[j, b] * (1 + 1e-6) + 1e-300))
+                found[w] = finish(w, r, j * keep + b, at_best, n, run_one(w))
+        return found
+
+    if refits is not None:
+        refits.append(refit)
     return out
 
 
@@ -291,12 +310,14 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
     W = len(problems)
     one_body = groups is not None
 
-    def fit_parts(ws, n_starts, given=None, first=None):
+    refit_of = {}  # sub-step count -> (the part's windows, its refit through the part's program)
+
+    def fit_parts(ws, n_starts):
         res = {}
         for k in sorted({problems[w].substeps for w in ws}):  # one program per sub-step count
             idx = [w for w in ws if problems[w].substeps == k]
-            more = {} if given is None else dict(given=[given[w] for w in idx])
             part = [problems[w] for w in idx]
+            hook = []
             try:
                 fits = _fit(
                     part,
@@ -310,11 +331,11 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
                     False,
                     "fit_many",
                     not one_body,
-                    first=first,
-                    **more,
+                    refits=hook,
                 )
             except ValueError as e:  # name the problems by their place in the call
                 raise ValueError(_renumbered(str(e), idx)) from None
+            refit_of[k] = (idx, hook[0])
             res.update(zip(idx, fits))
         return res
 
@@ -369,12 +390,12 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
             x = np.repeat(x0[None], n_rand, 0)
             x[:, :ng] += spread * rng.standard_normal((n_rand, ng)) * mask
             given[int(w)] = np.clip(np.concatenate([np.array(xs).reshape(-1, len(x0)), x]), lay_w.lo, lay_w.hi)
-        refit = fit_parts(
-            [int(w) for w in bad],
-            _across.RESCUE_RANDOM + n_cons,
-            given=given,
-            first=(_across.RESCUE_FIRST_STEPS, _across.RESCUE_KEEP),
-        )
+        refit = {}
+        for idx, run_refit in refit_of.values():
+            local = [j for j, w in enumerate(idx) if int(w) in given]
+            if local:
+                found = run_refit(local, {j: given[idx[j]] for j in local})
+                refit.update({idx[j]: f for j, f in found.items()})
         for w, f in refit.items():
             old = out[w]
             # lower beyond round-off (the same minimum again keeps the first fit), or the same cost
