@@ -20,7 +20,7 @@ from . import observations as obs
 from ._problem_result import ProblemFit, flat_values, result
 from ._program import _common_length, _evaluator, _structure
 from ._result import FitStatus
-from ._step_error import refine_steps
+from ._step_error import finer_residuals, refine_steps
 from .problem import Problem, _Layout
 
 __all__ = ["fit", "fit_many"]
@@ -248,14 +248,19 @@ def _fit(
     # every problem's best point in one evaluation of the fit's own program
     at_best_eval = run(st["x"][rows], np.arange(W))
 
-    def finish(w, st_, row, at_best, n_starts, one):
-        """The result of problem ``w`` at row ``row`` of the optimiser's state ``st_``."""
+    # the step check's residuals at twice the steps, at every problem's optimum in one call
+    finer = finer_residuals(problems, layout, dtype, N, st["x"][rows]) if step_check != "off" and W > 1 else None
+
+    def finish(w, st_, row, at_best, n_starts, one, first=False):
+        """The result of problem ``w`` at row ``row`` of the optimiser's state ``st_``
+        (``first``: the fit's own optimum, whose residuals at twice the steps are ``finer``)."""
         problem, lay = problems[w], layouts[w]
         x, g = st_["x"][row], st_["g"][row]
         res = result(problem, lay, stacked[w], one, x, st_, row, at_best, n_starts, dtype, sigma_rule)
         if step_check != "off":
+            known = (finer[0][w], bool(finer[1][w])) if first and finer is not None else None
             res, x, g = refine_steps(
-                problem, lay, res, one, x, g, dtype, N, max_steps, step_check == "refine", sigma_rule
+                problem, lay, res, one, x, g, dtype, N, max_steps, step_check == "refine", sigma_rule, known
             )
         held = _held(lay, x, g)
         if held:
@@ -274,7 +279,7 @@ def _fit(
         b, row = int(best[w]), int(rows[w])
         at_best = int(np.sum(cost[w] <= cost[w, b] * (1 + 1e-6) + 1e-300))
         one = _remembered(run_one(w), st["x"][row], tuple(a[w : w + 1] for a in at_best_eval))
-        out.append(finish(w, st, row, at_best, starts, one))
+        out.append(finish(w, st, row, at_best, starts, one, first=True))
 
     def refit(ws, given) -> dict:
         n = len(given[ws[0]])
