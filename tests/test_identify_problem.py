@@ -843,6 +843,39 @@ def test_combine_pools_the_recordings_that_agree():
         identify.combine(fits, ["a"])
 
 
+def test_a_gyroscope_bias_per_recording_in_one_joint_fit():
+    """Observations that read some of the segments: four windows of one body from two
+    recordings (DOP853), each recording's gyroscope with its own bias, in one problem (one
+    shared inertia, an initial rate per window, one ``AngularVelocity`` per recording reading
+    its two windows): the ratios and both biases within 3 standard errors; a segment an
+    observation does not read needs no data; bad indices and a missing key are named."""
+    rng = np.random.default_rng(21)
+    t = np.arange(70) * 0.01
+    bias = {0: np.array([0.02, -0.01, 0.015]), 1: np.array([-0.03, 0.025, 0.0])}
+    segs = []
+    for j in range(4):
+        w, _ = free_body_truth(INERTIA, W0 + rng.normal(0, 0.3, 3), np.array([1.0, 0, 0, 0]), t)
+        key = "omega" if j < 2 else "gyro_b"  # the second recording's gyroscope under another key
+        meas = w + bias[j // 2] + 1e-3 * rng.standard_normal(w.shape)
+        segs.append(identify.MeasuredSegment(t=t, data={key: meas}, state0=_state0(meas[0])))
+    gyros = [
+        obs.AngularVelocity(bias=True, sigma=1e-3, segments=(0, 1)),
+        obs.AngularVelocity(key="gyro_b", bias=True, sigma=1e-3, segments=[2, 3]),
+    ]
+    f = identify.fit(_problem(segs, observations=gyros), starts=2)
+    assert f.status == identify.FitStatus.CONVERGED, f.message
+    _within(f.values["ratios"], INERTIA[1:] / INERTIA[0], f.se["ratios"], 3)
+    for g in range(2):
+        _within(f.sensor[g]["bias"], bias[g], f.sensor_se[g]["bias"], 3)
+    assert gyros[1].segments == (2, 3)
+    with pytest.raises(ValueError, match="reads segments"):
+        _problem(segs, observations=[obs.AngularVelocity(segments=(0, 4))])
+    with pytest.raises(ValueError, match="has no data"):
+        _problem(segs, observations=[obs.AngularVelocity(segments=(1, 2))])
+    with pytest.raises(ValueError, match="distinct segment indices"):
+        obs.AngularVelocity(segments=(1, 1))
+
+
 def test_rules_across_windows():
     """The rules of ``_across`` on numbers: a recording with 3 or more windows is its own
     median, a smaller one borrows the median over all; a residual 5x the median and 10x the

@@ -442,7 +442,9 @@ def _window_scale(problem: Problem) -> tuple[float, float, int]:
     their sigma (``unit`` 1)."""
     total, m = 0.0, 0
     for o in problem.observations:
-        for s in problem.segments:
+        for i, s in enumerate(problem.segments):
+            if not obs.reads(o, i):
+                continue
             t = np.asarray(s.t, float)
             y = np.asarray(s.data[o.key], float)
             c = y.mean(0)
@@ -576,7 +578,7 @@ def _check_signals(problem: Problem, layout: _Layout, dtype) -> None:
     n_steps = (len(np.asarray(seg.t)) - 1) * problem.substeps
     structure = _structure(problem, layout, dtype, jacobian="signals")
     seg_shapes = jax.tree_util.tree_map(
-        np.shape, (seg.state0, seg.inputs, {o.key: seg.data[o.key] for o in problem.observations})
+        np.shape, (seg.state0, seg.inputs, {o.key: obs.data_of(problem, o, 0) for o in problem.observations})
     )
     key = None if structure is None else (structure, n_steps, str(seg_shapes))
     if key is not None and key in _SIGNALS_CHECKED:

@@ -15,6 +15,7 @@ from . import _lm
 from ._program import _stable_key, _structure
 from ._stored import stored
 from ._result import FitStatus, pm
+from .observations import data_of, data_width
 
 
 @dataclasses.dataclass
@@ -322,7 +323,7 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
     # per observation RMS in data units
     rms, col = [], 0
     for o in problem.observations:
-        n_c = o.residual_size(np.shape(problem.segments[0].data[o.key])[-1])
+        n_c = o.residual_size(data_width(problem, o))
         wt = np.asarray(stacked.weights[len(rms)])  # 0 at padded samples
         block = r[:, :, col : col + n_c] * o.sigma
         rms.append(float(np.sqrt(np.sum(block**2) / max(1, n_c * np.sum(wt > 0)))))
@@ -332,7 +333,11 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
     # verified in this precision (noise-free data fitted to the simulation's own accuracy)
     eps = float(jnp.finfo(dtype).eps)
     mag = np.concatenate(
-        [np.stack([_pad(o.magnitude(s.data[o.key]), N) for s in problem.segments]) for o in problem.observations], -1
+        [
+            np.stack([_pad(o.magnitude(data_of(problem, o, i)), N) for i in range(len(problem.segments))])
+            for o in problem.observations
+        ],
+        -1,
     )
     resolution = float(np.sum(np.abs(r) * mag))
     lm_status = int(st["status"][b])

@@ -21,7 +21,7 @@ from ..info import FAILURES, Status
 from ..rollout import rollout
 from ..stepper import AbstractStepper, as_stepper
 from ._stored import stored
-from .observations import rigid_body_signals
+from .observations import data_of, reads, rigid_body_signals
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,10 +81,12 @@ def _stack_segments(problem, dtype, pad_to: int | None = None) -> _Stacked:
         ts.append(np.concatenate([ti, ti[-1] + float(np.median(np.diff(ti))) * np.arange(1, N - len(ti) + 1)]))
     t = np.stack(ts)
     dt = np.repeat(np.diff(t, axis=1) / k, k, axis=1)
-    data = {o.key: np.stack([pad(s.data[o.key]) for s in segs]) for o in problem.observations}
-    # each observation's 1/sigma in its weights (the program's observations have sigma 1: _unit_sigma)
+    data = {o.key: np.stack([pad(data_of(problem, o, i)) for i in range(len(segs))]) for o in problem.observations}
+    # each observation's 1/sigma in its weights (the program's observations have sigma 1:
+    # _unit_sigma); weight 0 in the segments it does not read
     weights = [
-        np.stack([pad(o.weight(np.asarray(s.t, float))) for s in segs]) / (o.sigma if _sigma_as_data(o) else 1.0)
+        np.stack([pad(o.weight(np.asarray(s.t, float)) * reads(o, i)) for i, s in enumerate(segs)])
+        / (o.sigma if _sigma_as_data(o) else 1.0)
         for o in problem.observations
     ]
     steps = np.arange((N - 1) * k)[None, :] // k < (n[:, None] - 1)

@@ -39,6 +39,7 @@ from ..euler_parameters.outputs import output
 from .transforms import Bounded, Positive, Real
 
 __all__ = [
+    "reads",
     "AngularVelocity",
     "Orientation",
     "Position",
@@ -188,6 +189,43 @@ def _check_sigma(o) -> None:
         raise ValueError(f"{type(o).__name__}: sigma must be a finite number > 0; got {o.sigma!r}")
 
 
+def _check_segments(o) -> None:
+    if o.segments is None:
+        return
+    try:
+        idx = tuple(int(i) for i in o.segments)
+        ok = len(idx) > 0 and all(i >= 0 and i == j for i, j in zip(idx, o.segments)) and len(set(idx)) == len(idx)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{type(o).__name__}: segments must be None or distinct segment indices >= 0; got {o.segments!r}"
+        )
+    object.__setattr__(o, "segments", idx)
+
+
+def reads(o, s: int) -> bool:
+    """Whether observation ``o`` reads segment ``s`` (its ``segments``; every segment where it
+    has none)."""
+    idx = getattr(o, "segments", None)
+    return idx is None or s in idx
+
+
+def data_width(problem, o) -> int:
+    """The width of ``data[o.key]`` in the segments observation ``o`` reads."""
+    s = next(i for i in range(len(problem.segments)) if reads(o, i))
+    return int(np.shape(problem.segments[s].data[o.key])[-1])
+
+
+def data_of(problem, o, s: int) -> np.ndarray:
+    """``data[o.key]`` of segment ``s``, or zeros of its shape where ``o`` does not read it
+    (its residual there has weight 0)."""
+    seg = problem.segments[s]
+    if reads(o, s):
+        return np.asarray(seg.data[o.key])
+    return np.zeros((len(np.asarray(seg.t)), data_width(problem, o)))
+
+
 def _delayed(y, t, tau):
     """``y(t - tau)`` by linear interpolation between the samples (held at the ends)."""
     return jnp.stack([jnp.interp(t - tau, t, y[:, i]) for i in range(y.shape[1])], -1)
@@ -213,6 +251,9 @@ class AngularVelocity:
         max_delay: ``None`` (no delay) or the bound (s) of a fitted delay ``|tau| <
             max_delay``; samples within it of a segment's ends are left out of the residual.
         sigma: the residual's scale (rad/s).
+        segments: ``None`` (every segment of the problem) or the indices of the segments it
+            reads (e.g. a gyroscope bias per recording: one observation per recording's
+            segments); the other segments need no ``data[key]``.
     """
 
     key: str = "omega"
@@ -222,12 +263,14 @@ class AngularVelocity:
     misalignment: bool = False
     max_delay: float | None = None
     sigma: float = 1.0
+    segments: tuple | None = None
 
     #: the measured array's width (values per sample); ``None``: any
     width = 3
 
     def __post_init__(self):
         _check_sigma(self)
+        _check_segments(self)
 
     def residual_size(self, width: int) -> int:
         return 3
@@ -277,18 +320,23 @@ class Orientation:
             depend on the orientation (gravity acting off the centre of mass, world torques):
             for a free body it duplicates the initial orientation's unknowns.
         sigma: the residual's scale (rad).
+        segments: ``None`` (every segment of the problem) or the indices of the segments it
+            reads (e.g. a gyroscope bias per recording: one observation per recording's
+            segments); the other segments need no ``data[key]``.
     """
 
     key: str = "q"
     signal: str = "orientation"
     frame_offset: bool = False
     sigma: float = 1.0
+    segments: tuple | None = None
 
     #: the measured array's width (values per sample); ``None``: any
     width = 4
 
     def __post_init__(self):
         _check_sigma(self)
+        _check_segments(self)
 
     def residual_size(self, width: int) -> int:
         return 3
@@ -319,18 +367,23 @@ class Signal:
         key, signal: the data key and the simulated signal.
         offset: fit a constant offset (k values, the signal's unit).
         sigma: the residual's scale (the signal's unit).
+        segments: ``None`` (every segment of the problem) or the indices of the segments it
+            reads (e.g. a gyroscope bias per recording: one observation per recording's
+            segments); the other segments need no ``data[key]``.
     """
 
     key: str
     signal: str
     offset: bool = False
     sigma: float = 1.0
+    segments: tuple | None = None
 
     #: the measured array's width (values per sample); ``None``: any
     width = None
 
     def __post_init__(self):
         _check_sigma(self)
+        _check_segments(self)
 
     def residual_size(self, width: int) -> int:
         return width
@@ -404,6 +457,9 @@ class SpecificForce:
             (``True``: :func:`rigid_body_signals` can only difference one-sidedly there, first
             order); ``False`` for :func:`ep_signals`, whose accelerations are the state's.
         sigma: the residual's scale (m/s^2).
+        segments: ``None`` (every segment of the problem) or the indices of the segments it
+            reads (e.g. a gyroscope bias per recording: one observation per recording's
+            segments); the other segments need no ``data[key]``.
     """
 
     key: str = "f"
@@ -415,12 +471,14 @@ class SpecificForce:
     misalignment: bool = False
     drop_ends: bool = True
     sigma: float = 1.0
+    segments: tuple | None = None
 
     #: the measured array's width (m/s^2, body axes)
     width = 3
 
     def __post_init__(self):
         _check_sigma(self)
+        _check_segments(self)
         r = np.asarray(self.position, dtype=float) if np.ndim(self.position) == 1 else None
         if r is None or r.shape != (3,) or not np.all(np.isfinite(r)):
             raise ValueError(

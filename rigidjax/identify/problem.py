@@ -85,7 +85,7 @@ import numpy as np
 from .. import so3
 from ..body import RigidBodyState
 from ._problem_result import ProblemFit
-from .observations import rigid_body_signals
+from .observations import data_width, reads, rigid_body_signals
 from .transforms import Positive, bounds_of
 
 __all__ = [
@@ -252,7 +252,16 @@ class Problem:
         if not isinstance(self.substeps, (int, np.integer)) or self.substeps < 1:
             raise ValueError(f"Problem: substeps must be an integer >= 1; got {self.substeps!r}")
         for o in self.observations:
-            for s in self.segments:
+            idx = getattr(o, "segments", None)
+            if idx is not None and max(idx) >= len(self.segments):
+                raise ValueError(
+                    f"Problem: {type(o).__name__} reads segments {list(idx)} of {len(self.segments)} "
+                    f"(indices 0-{len(self.segments) - 1})"
+                )
+            widths = set()
+            for i, s in enumerate(self.segments):
+                if not reads(o, i):
+                    continue
                 if o.key not in s.data:
                     raise ValueError(f"Problem: segment {s.name!r} has no data[{o.key!r}] for {type(o).__name__}")
                 shape = np.shape(s.data[o.key])
@@ -263,6 +272,12 @@ class Problem:
                         f"got shape {shape}"
                     )
                 o.weight(np.asarray(s.t, float))  # raises where a delay bound leaves too few samples
+                widths.add(shape[1])
+            if len(widths) > 1:
+                raise ValueError(
+                    f"Problem: {type(o).__name__} reads data[{o.key!r}] of widths {sorted(widths)} in different "
+                    "segments (one width per observation)"
+                )
         if not self.parameters:
             raise ValueError("Problem: no parameters to fit")
         for name, p in self.parameters.items():
@@ -312,8 +327,7 @@ class _Layout:
             self.slots.append(("model", name, p.transform, like, off, n))
             off += n
         for i, o in enumerate(problem.observations):
-            width = np.shape(problem.segments[0].data[o.key])[-1]
-            for name, (tr, start) in o.parameters(width).items():
+            for name, (tr, start) in o.parameters(data_width(problem, o)).items():
                 n = tr.size(start)
                 self.slots.append((f"sensor{i}", name, tr, start, off, n))
                 off += n
