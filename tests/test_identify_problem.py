@@ -809,6 +809,43 @@ def test_windows_of_one_body_are_judged_against_each_other():
     np.testing.assert_allclose(rescued[2].values["ratios"], dense.values["ratios"], rtol=1e-5)
     with pytest.raises(ValueError, match="groups has 2 labels for 6 problems"):
         identify.fit_many(lost, groups=["a", "b"])
+    with pytest.raises(TypeError, match="not one string"):
+        identify.fit_many(lost, groups="abcdef")
+
+
+def test_rules_across_windows_judge_each_observation_in_its_unit():
+    """Windows with a gyroscope and motion capture (sigma 1e-3 rad/s and 1e-3 rad): one window
+    stating a 10x smaller sigma for the same kind of data stays converged (each observation is
+    judged in its data's unit, sigma only as its noise); a window whose rates are in deg/s
+    cannot be simulated (``nonfinite``) and ``combine`` pools the five others."""
+    from scipy.spatial.transform import Rotation
+
+    rng = np.random.default_rng(3)
+    R = Rotation.from_rotvec([0.02, -0.015, 0.025]).as_matrix()
+    t = np.arange(100) * 0.01
+    segs = []
+    for _ in range(6):
+        w, q = free_body_truth(INERTIA, W0 + rng.normal(0, 0.3, 3), np.array([1.0, 0, 0, 0]), t)
+        wm = w @ R.T + 1e-3 * rng.standard_normal(w.shape)
+        qm = q + 1e-3 * rng.standard_normal(q.shape)
+        qm /= np.linalg.norm(qm, axis=1, keepdims=True)
+        segs.append(identify.MeasuredSegment(t=t, data={"omega": wm, "q": qm}, state0=_state0(wm[0], qm[0])))
+
+    def problem(seg, sigma):
+        observations = [obs.AngularVelocity(bias=False, sigma=sigma), obs.Orientation(sigma=sigma)]
+        return _problem([seg], observations=observations, initial=identify.FreeBodyInitial())
+
+    problems = [problem(segs[0], 1e-4)] + [problem(s, 1e-3) for s in segs[1:]]
+    fits = identify.fit_many(problems, starts=2, groups=["a"] * 6)
+    assert all(f.status == identify.FitStatus.CONVERGED for f in fits), [f.message for f in fits]
+
+    gyro = [_problem([s], observations=[obs.AngularVelocity(bias=False, sigma=1e-3)]) for s in segs]
+    deg = dict(segs[0].data, omega=np.degrees(segs[0].data["omega"]))
+    gyro[0] = _problem([dataclasses.replace(segs[0], data=deg, state0=_state0(deg["omega"][0]))])
+    fits = identify.fit_many(gyro, starts=2, groups=["a"] * 6)
+    assert fits[0].status == identify.FitStatus.NONFINITE and fits[0].names == fits[1].names
+    c = identify.combine(fits, ["a"] * 6)
+    assert c.windows == [1, 2, 3, 4, 5]
 
 
 def test_combine_pools_the_recordings_that_agree():

@@ -297,6 +297,8 @@ def combine(fits, groups=None, *, pool: str = "consistent") -> Combined:
     fits = list(fits)
     if not fits:
         raise ValueError("combine: no fits")
+    if isinstance(groups, (str, bytes)):
+        raise TypeError("combine: groups must be a sequence of labels, one per fit (not one string)")
     groups = ["all"] * len(fits) if groups is None else [str(g) for g in groups]
     if len(groups) != len(fits):
         raise ValueError(f"combine: groups has {len(groups)} labels for {len(fits)} fits (one per fit)")

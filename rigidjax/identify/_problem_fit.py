@@ -17,7 +17,7 @@ from ..info import Status
 from ..rollout import rollout
 from . import _across, _lm
 from . import observations as obs
-from ._problem_result import ProblemFit, flat_values, result
+from ._problem_result import ProblemFit, flat_values, result, value_names
 from ._program import _common_length, _evaluator, _structure
 from ._result import FitStatus
 from ._step_error import finer_residuals, refine_steps
@@ -103,21 +103,23 @@ def fit_many(
     same ``seed`` and padded length, to round-off.
 
     Windows of one body (``groups``): where the problems are windows of one body, a label
-    per problem naming its recording (one set of conditions) turns on the rules across
-    windows of :func:`rigidjax.identify.fit_inertia` (:mod:`rigidjax.identify._across`):
+    per problem naming its recording (one set of conditions; labels compare as strings)
+    turns on the rules across windows of :func:`rigidjax.identify.fit_inertia`
+    (:mod:`rigidjax.identify._across`), each observation judged in its data's unit (its
+    ``ProblemFit.rms``) with its sigma as the noise:
 
-    * a window whose optimiser did not converge, or whose residual (RMS, in units of the
-      stated sigma) is above 3x the median over its recording's windows (over all where the
-      recording has fewer than 3) or 10 % of its signal (the RMS of its measured values
-      about their mean, in sigma), is refitted from the consensus of the other windows (the
-      medoid of their model parameters, over all windows and over its recording's) and 16
-      random starts; the refit replaces the fit where it ends lower, and the message says so;
+    * a window whose optimiser did not converge, or whose residual is above 3x the median
+      over its recording's windows (over all where the recording has fewer than 3) or 10 %
+      of its signal (the RMS of its measured values about their mean), is refitted from the
+      consensus of the other windows (the medoid of their model parameters, over all windows
+      and over its recording's) and 16 random starts, through the same compiled program; the
+      refit replaces the fit where it ends lower, and the message says so;
     * ``poor_fit`` is judged against the other windows instead of against sigma alone: a
       residual above 5x that median or 25 % of the signal, and above 10 sigma. Real data
       leave model error far above the sensor noise in every window (a residual of 20-70
       sigma is common): the rule leaves that shared error to the spread of the windows'
-      estimates and marks the windows whose residual the others do not share (a wrong
-      basin, or motion the model does not describe).
+      estimates (:func:`rigidjax.identify.combine`) and marks the windows whose residual the
+      others do not share (a wrong basin, or motion the model does not describe).
 
     With ``groups`` a result depends on the other windows (through the consensus and the
     medians); without it (``None``, the default) the problems are independent.
@@ -141,6 +143,8 @@ def fit_many(
         if not isinstance(p, Problem):
             raise TypeError(f"fit_many: problems[{i}] is a {type(p).__name__}, not an identify.Problem")
     if groups is not None:
+        if isinstance(groups, (str, bytes)):
+            raise TypeError("fit_many: groups must be a sequence of labels, one per problem (not one string)")
         groups = list(groups)
         if len(groups) != len(problems):
             raise ValueError(
@@ -358,13 +362,13 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
 
     found = fit_parts(range(W), starts)
     out = [found[w] for w in range(W)]
-    scale = [_window_scale(p) for p in problems]
-    unit = "" if len(problems[0].observations) == 1 else "sigma"
-    q = np.array([_residual_of(f, sc) for f, sc in zip(out, scale)])
-    signal = np.array([sc[0] for sc in scale])
+    signal = np.array([_signals(p) for p in problems])  # (W, observations), data units
+    q = np.array([_residuals(f) for f in out])
     conv = np.array([f.status in _JUDGED for f in out])
-    suspect = _across.suspects(q, signal, conv, groups)
-    bad, good = np.flatnonzero(suspect), np.flatnonzero(~suspect & np.isfinite(q))
+    suspect = np.zeros(W, bool)
+    for i in range(signal.shape[1]):  # each observation in its data's unit
+        suspect |= _across.suspects(q[:, i], signal[:, i], conv, groups)
+    bad, good = np.flatnonzero(suspect), np.flatnonzero(~suspect & np.all(np.isfinite(q), axis=1))
     if bad.size:
         mask, ng = _model_mask(layouts[0]).astype(bool), layouts[0].n_global
         z = np.stack([np.asarray(f.x, float)[:ng][mask] for f in out])
@@ -410,13 +414,16 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
             if (lower and (f.status in _JUDGED or old.status not in _JUDGED)) or (
                 same and f.status in _JUDGED and old.status not in _JUDGED
             ):
-                u = f" {unit}" if unit else ""
+                res = ", ".join(
+                    f"{v:.3g}{' ' + o.unit if getattr(o, 'unit', '') else ''}"
+                    for v, o in zip(q[w], problems[w].observations)
+                )
                 note = (
                     f"refit from the other windows' consensus and random starts ({f.starts}; the first fit, residual "
-                    f"{q[w]:.3g}{u}, {old.status.value}, was a suspect: cost {old.cost:.6g} -> {f.cost:.6g})"
+                    f"{res}, {old.status.value}, was a suspect: cost {old.cost:.6g} -> {f.cost:.6g})"
                 )
                 out[w] = dataclasses.replace(f, message=f"{f.message}; {note}", starts=old.starts + f.starts)
-    _judge(out, groups, scale, unit)
+    _judge(out, groups, signal, [p.observations for p in problems])
     return out
 
 
@@ -432,16 +439,14 @@ def _renumbered(message: str, idx) -> str:
 _JUDGED = (FitStatus.CONVERGED, FitStatus.STEP_ERROR, FitStatus.UNIDENTIFIABLE)
 
 
-def _window_scale(problem: Problem) -> tuple[float, float, int]:
-    """``(signal, unit, m)`` of a window for the rules across windows: ``m`` the number of
-    residual values (delay-edge samples left out); ``signal`` the RMS of the residual a
-    constant prediction at the data's mean leaves (each observation's own residual without
-    sensor parameters: the variation of the measured values; quaternions about their mean
-    orientation). With one observation, residuals are compared in its data's unit (``unit``
-    its sigma: a window's residual is ``unit sqrt(2 cost / m)``), with several in units of
-    their sigma (``unit`` 1)."""
-    total, m = 0.0, 0
+def _signals(problem: Problem) -> list[float]:
+    """Per observation, a window's signal for the rules across windows, in its data's unit:
+    the RMS of the residual a constant prediction at the data's mean leaves (the observation's
+    own residual without sensor parameters, times sigma: the variation of the measured
+    values; quaternions about their mean orientation), over the segments it reads."""
+    out = []
     for o in problem.observations:
+        total, m = 0.0, 0
         for i, s in enumerate(problem.segments):
             if not obs.reads(o, i):
                 continue
@@ -455,32 +460,40 @@ def _window_scale(problem: Problem) -> tuple[float, float, int]:
             r = r[o.weight(t) > 0]
             total += float(np.sum(r * r))
             m += r.size
-    unit = float(problem.observations[0].sigma) if len(problem.observations) == 1 else 1.0
-    return unit * float(np.sqrt(total / max(m, 1))), unit, m
+        out.append(float(o.sigma) * float(np.sqrt(total / max(m, 1))))
+    return out
 
 
-def _residual_of(f: ProblemFit, scale) -> float:
-    """A window's residual RMS for the rules across windows (see :func:`_window_scale`)."""
-    return scale[1] * float(np.sqrt(2 * f.cost / max(scale[2], 1))) if np.isfinite(f.cost) else np.inf
+def _residuals(f: ProblemFit) -> list[float]:
+    """Per observation, a window's residual RMS in its data's unit (``inf`` where not finite)."""
+    return [float(r) if np.isfinite(r) else np.inf for r in f.rms]
 
 
-def _judge(out: list, groups, scale, unit: str) -> None:
+def _judge(out: list, groups, signal, observations) -> None:
     """The poor-fit rule across windows (:mod:`rigidjax.identify._across`) IN PLACE on the
-    results of :func:`fit_many` with ``groups``."""
+    results of :func:`fit_many` with ``groups``: each observation in its data's unit, its sigma
+    the noise; a window is poor where any observation is."""
     judged = [w for w, f in enumerate(out) if f.status in _JUDGED]
     if not judged:
         return
-    why = _across.poor_reasons(
-        [_residual_of(out[w], scale[w]) for w in judged],
-        [scale[w][0] for w in judged],
-        [scale[w][1] for w in judged],
-        [groups[w] for w in judged],
-        unit=unit,
-        cause="a wrong basin, or motion the model does not describe",
-    )
-    for w, reason in zip(judged, why):
-        if reason is not None:
-            out[w] = dataclasses.replace(out[w], status=FitStatus.POOR_FIT, message=reason)
+    q = np.array([_residuals(out[w]) for w in judged])
+    reasons = [[] for _ in judged]
+    for i, o in enumerate(observations[judged[0]]):
+        why = _across.poor_reasons(
+            q[:, i],
+            signal[judged, i],
+            [observations[w][i].sigma for w in judged],
+            [groups[w] for w in judged],
+            unit=getattr(o, "unit", ""),
+            cause="a wrong basin, or motion the model does not describe",
+        )
+        for j, reason in enumerate(why):
+            if reason is not None:
+                label = f"{type(o).__name__} {o.key!r}: " if len(observations[judged[0]]) > 1 else ""
+                reasons[j].append(label + reason)
+    for j, w in enumerate(judged):
+        if reasons[j]:
+            out[w] = dataclasses.replace(out[w], status=FitStatus.POOR_FIT, message="; ".join(reasons[j]))
 
 
 def _remembered(run, x, value):
@@ -517,7 +530,7 @@ def _failed(problem, layout, x0, starts, message, dtype) -> ProblemFit:
         cost=float("nan"),
         rms=[float("nan")] * len(problem.observations),
         covariance=np.full((n, n), np.inf),
-        names=[],
+        names=value_names(values, sensor),
         block=1,
         iterations=0,
         starts=starts,

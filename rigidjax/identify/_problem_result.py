@@ -181,6 +181,20 @@ def _pad(a: np.ndarray, N: int) -> np.ndarray:
     return np.concatenate([a, np.zeros((N - len(a),) + a.shape[1:])])
 
 
+def value_names(values: dict, sensor: list) -> list[str]:
+    """The flattened values' names (``ProblemFit.names``): ``name`` or ``name[i]`` per model
+    value, then ``sensor{k}.name`` or ``sensor{k}.name[i]`` per sensor value of observation k."""
+    names = []
+    for name, v in values.items():
+        size = sum(int(np.size(a)) for a in jax.tree_util.tree_leaves(v))
+        names += [f"{name}[{i}]" if size > 1 else name for i in range(size)]
+    for k, d in enumerate(sensor):
+        for name, v in d.items():
+            size = int(np.size(v))
+            names += [f"sensor{k}.{name}[{i}]" if size > 1 else f"sensor{k}.{name}" for i in range(size)]
+    return names
+
+
 def flat_values(layout, x):
     """The fitted values at ``x``, flattened in ``ProblemFit.names`` order: model values in
     the problem's insertion order (not ``tree_leaves``' sorted keys), then sensor values."""
@@ -295,7 +309,7 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
     se_flat = np.sqrt(np.maximum(np.diag(cov_v), 0))
     cov_w = Tv @ np.nan_to_num(cov_classic[:ng, :ng]) @ Tv.T
     se_w_flat = np.where(lost, np.inf, np.sqrt(np.maximum(np.diag(cov_w), 0)))
-    names, values, se, se_classical, pos = [], {}, {}, {}, 0
+    values, se, se_classical, pos = {}, {}, {}, 0
     for name, v in mv.items():
         v = jax.tree_util.tree_map(np.asarray, v)
         values[name] = v
@@ -306,7 +320,6 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
                 jax.tree_util.tree_structure(v),
                 [p.reshape(np.shape(a)) for p, a in zip(parts, jax.tree_util.tree_leaves(v))],
             )
-        names += [f"{name}[{i}]" if sum(sizes) > 1 else name for i in range(sum(sizes))]
         pos += sum(sizes)
     sensor, sensor_se = [], []
     for i, d_ in enumerate(sv):
@@ -315,10 +328,11 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
             v = np.asarray(v)
             vals[name] = v
             ses[name] = se_flat[pos : pos + v.size].reshape(v.shape)
-            names += [f"sensor{i}.{name}[{j}]" if v.size > 1 else f"sensor{i}.{name}" for j in range(v.size)]
             pos += v.size
         sensor.append(vals)
         sensor_se.append(ses)
+
+    names = value_names(values, sensor)
 
     # per observation RMS in data units
     rms, col = [], 0

@@ -265,6 +265,9 @@ class AngularVelocity:
     sigma: float = 1.0
     segments: tuple | None = None
 
+    #: the unit of its data and residual (messages; ``""``: not named)
+    unit = "rad/s"
+
     #: the measured array's width (values per sample); ``None``: any
     width = 3
 
@@ -331,6 +334,9 @@ class Orientation:
     sigma: float = 1.0
     segments: tuple | None = None
 
+    #: the unit of its data and residual (messages; ``""``: not named)
+    unit = "rad"
+
     #: the measured array's width (values per sample); ``None``: any
     width = 4
 
@@ -378,6 +384,9 @@ class Signal:
     sigma: float = 1.0
     segments: tuple | None = None
 
+    #: the unit of its data and residual (messages; ``""``: not named)
+    unit = ""
+
     #: the measured array's width (values per sample); ``None``: any
     width = None
 
@@ -411,6 +420,7 @@ class Position(Signal):
     signal: str = "position"
     #: the measured array's width (m, world)
     width = 3
+    unit = "m"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -472,6 +482,9 @@ class SpecificForce:
     drop_ends: bool = True
     sigma: float = 1.0
     segments: tuple | None = None
+
+    #: the unit of its data and residual (messages; ``""``: not named)
+    unit = "m/s^2"
 
     #: the measured array's width (m/s^2, body axes)
     width = 3
