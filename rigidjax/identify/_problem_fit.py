@@ -320,6 +320,7 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
     one_body = groups is not None
 
     refit_of = {}  # sub-step count -> (the part's windows, its refit through the part's program)
+    options = (spread, seed, max_steps, dtype, pad_to, step_check)
 
     def fit_parts(ws, n_starts):
         res = {}
@@ -328,20 +329,7 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
             part = [problems[w] for w in idx]
             hook = []
             try:
-                fits = _fit(
-                    part,
-                    n_starts,
-                    spread,
-                    seed,
-                    max_steps,
-                    dtype,
-                    pad_to,
-                    step_check,
-                    False,
-                    "fit_many",
-                    not one_body,
-                    refits=hook,
-                )
+                fits = _fit(part, n_starts, *options, False, "fit_many", not one_body, refits=hook)
             except ValueError as e:  # name the problems by their place in the call
                 raise ValueError(_renumbered(str(e), idx)) from None
             refit_of[k] = (idx, hook[0])
