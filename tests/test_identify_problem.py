@@ -846,6 +846,13 @@ def test_rules_across_windows_judge_each_observation_in_its_unit():
     assert fits[0].status == identify.FitStatus.NONFINITE and fits[0].names == fits[1].names
     c = identify.combine(fits, ["a"] * 6)
     assert c.windows == [1, 2, 3, 4, 5]
+    # every observation class has a signal level (an accelerometer's prediction is not its data)
+    from rigidjax.identify._fit_many import _signals
+
+    acc = dataclasses.replace(segs[1], data=dict(segs[1].data, f=np.ones((100, 3)) + segs[1].data["omega"]))
+    level = _signals(_problem([acc], observations=[obs.SpecificForce(sigma=0.02), obs.Orientation(sigma=1e-3)]))
+    np.testing.assert_allclose(level[0], np.sqrt(np.mean((acc.data["omega"] - acc.data["omega"].mean(0)) ** 2)))
+    assert 0 < level[1] < np.pi
 
 
 def test_combine_pools_the_recordings_that_agree():
@@ -905,12 +912,28 @@ def test_a_gyroscope_bias_per_recording_in_one_joint_fit():
     for g in range(2):
         _within(f.sensor[g]["bias"], bias[g], f.sensor_se[g]["bias"], 3)
     assert gyros[1].segments == (2, 3)
+    # both recordings' gyroscopes under one key: the same fit (each observation reads its own segments)
+    same_key = [dataclasses.replace(s_, data={"omega": next(iter(s_.data.values()))}) for s_ in segs]
+    one_key = [dataclasses.replace(gyros[0]), dataclasses.replace(gyros[1], key="omega")]
+    g = identify.fit(_problem(same_key, observations=one_key), starts=2)
+    np.testing.assert_allclose(g.values["ratios"], f.values["ratios"], rtol=1e-9)
+    np.testing.assert_allclose(g.sensor[1]["bias"], f.sensor[1]["bias"], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(g.rms, f.rms, rtol=1e-9)
+    # a segment an observation does not read is not held to its delay bound
+    from rigidjax.identify._program import _stack_segments
+
+    short = identify.MeasuredSegment(t=t[:8], data={"gyro_b": segs[2].data["gyro_b"][:8]}, state0=segs[2].state0)
+    delayed = [dataclasses.replace(gyros[0], max_delay=0.03), dataclasses.replace(gyros[1], segments=(2,))]
+    _stack_segments(_problem(segs[:2] + [short], observations=delayed), jnp.float64)
+    with pytest.raises(ValueError, match="read by no observation"):
+        _problem(segs, observations=[gyros[0]])
+    for bad in ((True,), (1.0,), (i for i in (1, 2)), (1, 1), (), (-1,)):
+        with pytest.raises(ValueError, match="distinct segment indices"):
+            obs.AngularVelocity(segments=bad)
     with pytest.raises(ValueError, match="reads segments"):
         _problem(segs, observations=[obs.AngularVelocity(segments=(0, 4))])
     with pytest.raises(ValueError, match="has no data"):
         _problem(segs, observations=[obs.AngularVelocity(segments=(1, 2))])
-    with pytest.raises(ValueError, match="distinct segment indices"):
-        obs.AngularVelocity(segments=(1, 1))
 
 
 def test_rules_across_windows():

@@ -31,7 +31,8 @@ from ._result import EXIT_CODES, FitStatus, InertiaFit, exit_code
 from ._stored import keep_programs
 from .pendulum import PendulumFit, fit_pendulum, fit_pendulum_segments
 from . import observations, recipes, transforms
-from ._problem_fit import fit, fit_many
+from ._problem_fit import fit
+from ._fit_many import fit_many
 from ._combine import Combined, combine
 from .problem import FreeBodyInitial, InitialState, MeasuredSegment, Parameter, Problem, ProblemFit
 

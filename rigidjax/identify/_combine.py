@@ -45,6 +45,8 @@ import math
 import numpy as np
 from scipy import special
 
+from ._result import FitStatus
+
 #: Agreement of recordings: medians within ``Z_AGREE`` combined spreads (log scale) ...
 Z_AGREE = 3.0
 #: ... or within this relative difference.
@@ -292,8 +294,6 @@ def combine(fits, groups=None, *, pool: str = "consistent") -> Combined:
         ValueError: no fits, a ``groups`` of another length, a bad ``pool``, fits whose model
             values differ in names.
     """
-    from ._result import FitStatus
-
     fits = list(fits)
     if not fits:
         raise ValueError("combine: no fits")

@@ -1,12 +1,11 @@
-"""Fitting :class:`~rigidjax.identify.problem.Problem` s: :func:`fit` (one problem) and
-:func:`fit_many` (many independent problems of one structure in one compiled program); the
-checks before compiling, the multi-start search, the result and the step-error check. The
+"""Fitting :class:`~rigidjax.identify.problem.Problem` s: :func:`fit` (one problem) and the
+fit of many problems of one structure in one compiled program that :func:`~rigidjax.identify.fit_many` runs;
+the checks before compiling, the multi-start search, the result and the step-error check. The
 method, statuses and uncertainties are described in :mod:`rigidjax.identify.problem`."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 import equinox as eqx
 import jax
@@ -23,7 +22,7 @@ from ._result import FitStatus
 from ._step_error import finer_residuals, refine_steps
 from .problem import Problem, _Layout
 
-__all__ = ["fit", "fit_many"]
+__all__ = ["fit"]
 
 
 def fit(
@@ -76,83 +75,6 @@ def fit(
     )[0]
 
 
-def fit_many(
-    problems: Sequence[Problem],
-    *,
-    starts: int = 8,
-    spread: float = 0.5,
-    seed: int = 0,
-    max_steps: int = 100,
-    dtype=jnp.float64,
-    pad_to: int | None = None,
-    step_check: str = "refine",
-    groups: Sequence | None = None,
-) -> list[ProblemFit]:
-    """Fit several independent problems of one structure at once (e.g. one per measured
-    window, each with its own values): one compiled program evaluates every start of every
-    problem per optimiser iteration (see :func:`fit` for the options, the same per problem).
-
-    The problems must share everything the program is built from: the model's values, the
-    stepper, the parameters (``where``, transform, ``into``, start shapes), observations
-    (but their ``sigma``: it enters as data, for rigidjax's observation classes), initial
-    state, signal map and the number of segments; their data, start values, ``sigma``,
-    ``substeps`` (one program per count) and segment lengths may differ (every segment is
-    padded to the longest of its sub-step count, or ``pad_to``). Each problem draws its
-    random starts from a generator of its own seeded with ``seed``, so the result of problem
-    ``i`` does not depend on the other problems: it equals ``fit(problems[i], ...)`` with the
-    same ``seed`` and padded length, to round-off.
-
-    Windows of one body (``groups``): where the problems are windows of one body, a label
-    per problem naming its recording (one set of conditions; labels compare as strings)
-    turns on the rules across windows of :func:`rigidjax.identify.fit_inertia`
-    (:mod:`rigidjax.identify._across`), each observation judged in its data's unit (its
-    ``ProblemFit.rms``) with its sigma as the noise:
-
-    * a window whose optimiser did not converge, or whose residual is above 3x the median
-      over its recording's windows (over all where the recording has fewer than 3) or 10 %
-      of its signal (the RMS of its measured values about their mean), is refitted from the
-      consensus of the other windows (the medoid of their model parameters, over all windows
-      and over its recording's) and 16 random starts, through the same compiled program; the
-      refit replaces the fit where it ends lower, and the message says so;
-    * ``poor_fit`` is judged against the other windows instead of against sigma alone: a
-      residual above 5x that median or 25 % of the signal, and above 10 sigma. Real data
-      leave model error far above the sensor noise in every window (a residual of 20-70
-      sigma is common): the rule leaves that shared error to the spread of the windows'
-      estimates (:func:`rigidjax.identify.combine`) and marks the windows whose residual the
-      others do not share (a wrong basin, or motion the model does not describe).
-
-    With ``groups`` a result depends on the other windows (through the consensus and the
-    medians); without it (``None``, the default) the problems are independent.
-
-    Returns:
-        ``[ProblemFit]`` in the order of ``problems``. A problem whose start values fail in a
-        rollout (e.g. an unphysical inertia), or whose every start fails, gets the status
-        ``nonfinite`` (its values are the start values, with infinite errors) instead of an
-        exception: the others' fits are kept.
-
-    Raises:
-        ValueError: no problems; problems of different structures (naming the first part
-            that differs); start values that are not finite or lie outside their transform's
-            bounds (an input error, naming ``problems[i]``); the option and structure errors
-            of :func:`fit`.
-    """
-    problems = list(problems)
-    if not problems:
-        raise ValueError("fit_many: no problems")
-    for i, p in enumerate(problems):
-        if not isinstance(p, Problem):
-            raise TypeError(f"fit_many: problems[{i}] is a {type(p).__name__}, not an identify.Problem")
-    if groups is not None:
-        if isinstance(groups, (str, bytes)):
-            raise TypeError("fit_many: groups must be a sequence of labels, one per problem (not one string)")
-        groups = list(groups)
-        if len(groups) != len(problems):
-            raise ValueError(
-                f"fit_many: groups has {len(groups)} labels for {len(problems)} problems (one per problem)"
-            )
-    return _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step_check)
-
-
 _START_HINTS = {
     "INVALID_INPUT": "an unphysical start, e.g. moments violating the triangle inequality "
     "(transforms.PseudoInertia keeps every point physical)",
@@ -189,7 +111,7 @@ def _fit(
     sigma_rule=True,
     refits=None,
 ):
-    """The fit of :func:`fit` and :func:`fit_many`. ``sigma_rule``: see
+    """The fit of :func:`fit` and :func:`~rigidjax.identify.fit_many`. ``sigma_rule``: see
     :func:`~rigidjax.identify._problem_result.result`. ``refits``: a list to which the fit
     appends ``refit(ws, given) -> {w: ProblemFit}``, a refit of its problems ``ws`` from the
     start points ``given[w] (n, P)`` (every start :data:`_across.RESCUE_FIRST_STEPS`
@@ -312,178 +234,6 @@ def _fit(
     return out
 
 
-def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step_check) -> list[ProblemFit]:
-    """:func:`fit_many`: the fits (one program per sub-step count); for windows of one body
-    (``groups``) the refit of suspect windows from the others' consensus and the poor-fit
-    rule across windows (:mod:`rigidjax.identify._across`)."""
-    W = len(problems)
-    one_body = groups is not None
-
-    refit_of = {}  # sub-step count -> (the part's windows, its refit through the part's program)
-    options = (spread, seed, max_steps, dtype, pad_to, step_check)
-
-    def fit_parts(ws, n_starts):
-        res = {}
-        for k in sorted({problems[w].substeps for w in ws}):  # one program per sub-step count
-            idx = [w for w in ws if problems[w].substeps == k]
-            part = [problems[w] for w in idx]
-            hook = []
-            try:
-                fits = _fit(part, n_starts, *options, False, "fit_many", not one_body, refits=hook)
-            except ValueError as e:  # name the problems by their place in the call
-                raise ValueError(_renumbered(str(e), idx)) from None
-            refit_of[k] = (idx, hook[0])
-            res.update(zip(idx, fits))
-        return res
-
-    if not one_body:
-        found = fit_parts(range(W), starts)
-        return [found[w] for w in range(W)]
-    layouts = [_Layout(p) for p in problems]
-    kinds = [[(k, n, size) for k, n, _, _, _, size in lay.slots] + [lay.S, lay.nz] for lay in layouts]
-    for i in range(1, W):
-        if kinds[i] != kinds[0]:
-            raise ValueError(
-                f"fit_many: problems[{i}] has other unknowns than problems[0] ({kinds[i]} against {kinds[0]}): "
-                "windows of one body (groups) share their model parameters"
-            )
-
-    found = fit_parts(range(W), starts)
-    out = [found[w] for w in range(W)]
-    signal = np.array([_signals(p) for p in problems])  # (W, observations), data units
-    q = np.array([_residuals(f) for f in out])
-    conv = np.array([f.status in _JUDGED for f in out])
-    suspect = np.zeros(W, bool)
-    for i in range(signal.shape[1]):  # each observation in its data's unit
-        suspect |= _across.suspects(q[:, i], signal[:, i], conv, groups)
-    bad, good = np.flatnonzero(suspect), np.flatnonzero(~suspect & np.all(np.isfinite(q), axis=1))
-    if bad.size:
-        mask, ng = _model_mask(layouts[0]).astype(bool), layouts[0].n_global
-        z = np.stack([np.asarray(f.x, float)[:ng][mask] for f in out])
-        # the consensus: the medoid in model coordinates scaled by their spread over the good windows
-        spread_z = np.ones(z.shape[1])
-        if good.size >= 2:
-            mad = np.median(np.abs(z[good] - np.median(z[good], 0)), 0)
-            spread_z = np.where(mad > 0, mad, 1.0)
-        n_cons = 4
-        given = {}
-        for w in bad:
-            lay_w = layouts[w]
-            x0 = lay_w.start()
-            cands = []
-            if good.size:
-                cands.append(int(good[_across.medoid(z[good] / spread_z)]))
-                same = good[[str(groups[g]) == str(groups[w]) for g in good]]
-                if same.size:
-                    cands.append(int(same[_across.medoid(z[same] / spread_z)]))
-            xs = []
-            for c in dict.fromkeys(cands):
-                for base in (x0, np.asarray(out[w].x, float)):  # its own start and optimum for the rest
-                    x = base.copy()
-                    x[:ng][mask] = z[c]
-                    xs.append(x)
-            rng = np.random.default_rng([seed, 1, int(w)])
-            n_rand = _across.RESCUE_RANDOM + n_cons - len(xs)
-            x = np.repeat(x0[None], n_rand, 0)
-            x[:, :ng] += spread * rng.standard_normal((n_rand, ng)) * mask
-            given[int(w)] = np.clip(np.concatenate([np.array(xs).reshape(-1, len(x0)), x]), lay_w.lo, lay_w.hi)
-        refit = {}
-        for idx, run_refit in refit_of.values():
-            local = [j for j, w in enumerate(idx) if int(w) in given]
-            if local:
-                found = run_refit(local, {j: given[idx[j]] for j in local})
-                refit.update({idx[j]: f for j, f in found.items()})
-        for w, f in refit.items():
-            old = out[w]
-            # lower beyond round-off (the same minimum again keeps the first fit), or the same cost
-            # where only the refit reached the minimum
-            lower = np.isfinite(f.cost) and (not np.isfinite(old.cost) or f.cost < old.cost * (1 - 1e-8))
-            same = np.isfinite(f.cost) and f.cost <= old.cost * (1 + 1e-8)
-            if (lower and (f.status in _JUDGED or old.status not in _JUDGED)) or (
-                same and f.status in _JUDGED and old.status not in _JUDGED
-            ):
-                res = ", ".join(
-                    f"{v:.3g}{' ' + o.unit if getattr(o, 'unit', '') else ''}"
-                    for v, o in zip(q[w], problems[w].observations)
-                )
-                note = (
-                    f"refit from the other windows' consensus and random starts ({f.starts}; the first fit, residual "
-                    f"{res}, {old.status.value}, was a suspect: cost {old.cost:.6g} -> {f.cost:.6g})"
-                )
-                out[w] = dataclasses.replace(f, message=f"{f.message}; {note}", starts=old.starts + f.starts)
-    _judge(out, groups, signal, [p.observations for p in problems])
-    return out
-
-
-def _renumbered(message: str, idx) -> str:
-    """``message`` of a fit of the problems ``idx`` with its ``problems[i]`` named by their
-    index in the whole call."""
-    import re
-
-    return re.sub(r"problems\[(\d+)\]", lambda m: f"problems[{idx[int(m.group(1))]}]", message)
-
-
-#: Statuses of a window fitted to its minimum (judged against the others).
-_JUDGED = (FitStatus.CONVERGED, FitStatus.STEP_ERROR, FitStatus.UNIDENTIFIABLE)
-
-
-def _signals(problem: Problem) -> list[float]:
-    """Per observation, a window's signal for the rules across windows, in its data's unit:
-    the RMS of the residual a constant prediction at the data's mean leaves (the observation's
-    own residual without sensor parameters, times sigma: the variation of the measured
-    values; quaternions about their mean orientation), over the segments it reads."""
-    out = []
-    for o in problem.observations:
-        total, m = 0.0, 0
-        for i, s in enumerate(problem.segments):
-            if not obs.reads(o, i):
-                continue
-            t = np.asarray(s.t, float)
-            y = np.asarray(s.data[o.key], float)
-            c = y.mean(0)
-            if isinstance(o, obs.Orientation):  # the sign-aligned mean quaternion, normalised
-                c = np.mean(y * np.where(y @ y[0] < 0, -1.0, 1.0)[:, None], 0)
-                c = c / np.linalg.norm(c)
-            r = np.asarray(o.residual(jnp.asarray(np.broadcast_to(c, y.shape)), t, jnp.asarray(y), {}), float)
-            r = r[o.weight(t) > 0]
-            total += float(np.sum(r * r))
-            m += r.size
-        out.append(float(o.sigma) * float(np.sqrt(total / max(m, 1))))
-    return out
-
-
-def _residuals(f: ProblemFit) -> list[float]:
-    """Per observation, a window's residual RMS in its data's unit (``inf`` where not finite)."""
-    return [float(r) if np.isfinite(r) else np.inf for r in f.rms]
-
-
-def _judge(out: list, groups, signal, observations) -> None:
-    """The poor-fit rule across windows (:mod:`rigidjax.identify._across`) IN PLACE on the
-    results of :func:`fit_many` with ``groups``: each observation in its data's unit, its sigma
-    the noise; a window is poor where any observation is."""
-    judged = [w for w, f in enumerate(out) if f.status in _JUDGED]
-    if not judged:
-        return
-    q = np.array([_residuals(out[w]) for w in judged])
-    reasons = [[] for _ in judged]
-    for i, o in enumerate(observations[judged[0]]):
-        why = _across.poor_reasons(
-            q[:, i],
-            signal[judged, i],
-            [observations[w][i].sigma for w in judged],
-            [groups[w] for w in judged],
-            unit=getattr(o, "unit", ""),
-            cause="a wrong basin, or motion the model does not describe",
-        )
-        for j, reason in enumerate(why):
-            if reason is not None:
-                label = f"{type(o).__name__} {o.key!r}: " if len(observations[judged[0]]) > 1 else ""
-                reasons[j].append(label + reason)
-    for j, w in enumerate(judged):
-        if reasons[j]:
-            out[w] = dataclasses.replace(out[w], status=FitStatus.POOR_FIT, message="; ".join(reasons[j]))
-
-
 def _remembered(run, x, value):
     """``run`` (one problem's ``run_one``, compiled on its first call) that answers ``value``
     for the point ``x`` alone without evaluating: the result and the step check evaluate at
@@ -499,7 +249,7 @@ def _remembered(run, x, value):
 
 def _failed(problem, layout, x0, starts, message, dtype) -> ProblemFit:
     """The ``nonfinite`` result of a problem that could not be fitted: the start values with
-    infinite errors (:func:`fit_many` keeps the other problems' fits)."""
+    infinite errors (:func:`~rigidjax.identify.fit_many` keeps the other problems' fits)."""
     xj = jnp.asarray(x0, dtype)
     mv, sv = layout.values(xj)
     values = {k: jax.tree_util.tree_map(np.asarray, v) for k, v in mv.items()}

@@ -81,11 +81,18 @@ def _stack_segments(problem, dtype, pad_to: int | None = None) -> _Stacked:
         ts.append(np.concatenate([ti, ti[-1] + float(np.median(np.diff(ti))) * np.arange(1, N - len(ti) + 1)]))
     t = np.stack(ts)
     dt = np.repeat(np.diff(t, axis=1) / k, k, axis=1)
-    data = {o.key: np.stack([pad(data_of(problem, o, i)) for i in range(len(segs))]) for o in problem.observations}
+    # per key, each segment's data where an observation of that key reads it (several
+    # observations may share a key over different segments), zeros elsewhere
+    data = {}
+    for o in problem.observations:
+        readers = [r for r in problem.observations if r.key == o.key]
+        data[o.key] = np.stack(
+            [pad(data_of(problem, next((r for r in readers if reads(r, i)), o), i)) for i in range(len(segs))]
+        )
     # each observation's 1/sigma in its weights (the program's observations have sigma 1:
     # _unit_sigma); weight 0 in the segments it does not read
     weights = [
-        np.stack([pad(o.weight(np.asarray(s.t, float)) * reads(o, i)) for i, s in enumerate(segs)])
+        np.stack([pad(o.weight(np.asarray(s.t, float))) if reads(o, i) else np.zeros(N) for i, s in enumerate(segs)])
         / (o.sigma if _sigma_as_data(o) else 1.0)
         for o in problem.observations
     ]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 
 import jax.numpy as jnp
 import numpy as np
@@ -192,14 +193,16 @@ def _check_sigma(o) -> None:
 def _check_segments(o) -> None:
     if o.segments is None:
         return
+    given = tuple(o.segments) if isinstance(o.segments, (tuple, list, range, np.ndarray)) else None
     try:
-        idx = tuple(int(i) for i in o.segments)
-        ok = len(idx) > 0 and all(i >= 0 and i == j for i, j in zip(idx, o.segments)) and len(set(idx)) == len(idx)
-    except (TypeError, ValueError):
+        idx = tuple(operator.index(i) for i in given if not isinstance(i, (bool, np.bool_)))
+        ok = len(idx) == len(given) > 0 and min(idx) >= 0 and len(set(idx)) == len(idx)
+    except TypeError:
         ok = False
     if not ok:
         raise ValueError(
-            f"{type(o).__name__}: segments must be None or distinct segment indices >= 0; got {o.segments!r}"
+            f"{type(o).__name__}: segments must be None or a sequence of distinct segment indices >= 0 "
+            f"(integers); got {o.segments!r}"
         )
     object.__setattr__(o, "segments", idx)
 

@@ -278,6 +278,12 @@ class Problem:
                     f"Problem: {type(o).__name__} reads data[{o.key!r}] of widths {sorted(widths)} in different "
                     "segments (one width per observation)"
                 )
+        unread = [i for i in range(len(self.segments)) if not any(reads(o, i) for o in self.observations)]
+        if unread:
+            raise ValueError(
+                f"Problem: segment(s) {unread} ({', '.join(repr(self.segments[i].name) for i in unread)}) are read by "
+                "no observation (check the observations' segments=)"
+            )
         if not self.parameters:
             raise ValueError("Problem: no parameters to fit")
         for name, p in self.parameters.items():
