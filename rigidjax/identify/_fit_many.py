@@ -146,35 +146,7 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
         suspect |= _across.suspects(q[:, i], signal[:, i], conv, groups)
     bad, good = np.flatnonzero(suspect), np.flatnonzero(~suspect & np.all(np.isfinite(q), axis=1))
     if bad.size:
-        mask, ng = _model_mask(layouts[0]).astype(bool), layouts[0].n_global
-        z = np.stack([np.asarray(f.x, float)[:ng][mask] for f in out])
-        # the consensus: the medoid in model coordinates scaled by their spread over the good windows
-        spread_z = np.ones(z.shape[1])
-        if good.size >= 2:
-            mad = np.median(np.abs(z[good] - np.median(z[good], 0)), 0)
-            spread_z = np.where(mad > 0, mad, 1.0)
-        n_cons = 4
-        given = {}
-        for w in bad:
-            lay_w = layouts[w]
-            x0 = lay_w.start()
-            cands = []
-            if good.size:
-                cands.append(int(good[_across.medoid(z[good] / spread_z)]))
-                same = good[[str(groups[g]) == str(groups[w]) for g in good]]
-                if same.size:
-                    cands.append(int(same[_across.medoid(z[same] / spread_z)]))
-            xs = []
-            for c in dict.fromkeys(cands):
-                for base in (x0, np.asarray(out[w].x, float)):  # its own start and optimum for the rest
-                    x = base.copy()
-                    x[:ng][mask] = z[c]
-                    xs.append(x)
-            rng = np.random.default_rng([seed, 1, int(w)])
-            n_rand = _across.RESCUE_RANDOM + n_cons - len(xs)
-            x = np.repeat(x0[None], n_rand, 0)
-            x[:, :ng] += spread * rng.standard_normal((n_rand, ng)) * mask
-            given[int(w)] = np.clip(np.concatenate([np.array(xs).reshape(-1, len(x0)), x]), lay_w.lo, lay_w.hi)
+        given = _consensus_starts(out, layouts, groups, bad, good, seed, spread)
         refit = {}
         for idx, run_refit in refit_of.values():
             local = [j for j, w in enumerate(idx) if int(w) in given]
@@ -183,13 +155,7 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
                 refit.update({idx[j]: f for j, f in found.items()})
         for w, f in refit.items():
             old = out[w]
-            # lower beyond round-off (the same minimum again keeps the first fit), or the same cost
-            # where only the refit reached the minimum
-            lower = np.isfinite(f.cost) and (not np.isfinite(old.cost) or f.cost < old.cost * (1 - 1e-8))
-            same = np.isfinite(f.cost) and f.cost <= old.cost * (1 + 1e-8)
-            if (lower and (f.status in _JUDGED or old.status not in _JUDGED)) or (
-                same and f.status in _JUDGED and old.status not in _JUDGED
-            ):
+            if _better(f, old):
                 res = ", ".join(
                     f"{v:.3g}{' ' + o.unit if getattr(o, 'unit', '') else ''}"
                     for v, o in zip(q[w], problems[w].observations)
@@ -201,6 +167,55 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
                 out[w] = dataclasses.replace(f, message=f"{f.message}; {note}", starts=old.starts + f.starts)
     _judge(out, groups, signal, [p.observations for p in problems])
     return out
+
+
+def _consensus_starts(out, layouts, groups, bad, good, seed, spread) -> dict:
+    """``{w: (n, P)}`` start points of the refit of each suspect window ``w`` in ``bad``: the
+    consensus of the ``good`` windows (the medoid of their model coordinates, each scaled by
+    its spread over them; over all, and over ``w``'s recording) with ``w``'s own start and
+    its optimum for the other unknowns (up to 4 points), then random starts around its start
+    (``spread``, seeded per window) to :data:`_across.RESCUE_RANDOM` + 4 in all."""
+    mask, ng = _model_mask(layouts[0]).astype(bool), layouts[0].n_global
+    z = np.stack([np.asarray(f.x, float)[:ng][mask] for f in out])
+    spread_z = np.ones(z.shape[1])
+    if good.size >= 2:
+        mad = np.median(np.abs(z[good] - np.median(z[good], 0)), 0)
+        spread_z = np.where(mad > 0, mad, 1.0)
+    n_cons = 4  # two consensus points x two bases
+    given = {}
+    for w in bad:
+        lay = layouts[w]
+        x0 = lay.start()
+        cands = []
+        if good.size:
+            cands.append(int(good[_across.medoid(z[good] / spread_z)]))
+            same = good[[str(groups[g]) == str(groups[w]) for g in good]]
+            if same.size:
+                cands.append(int(same[_across.medoid(z[same] / spread_z)]))
+        xs = []
+        for c in dict.fromkeys(cands):
+            for base in (x0, np.asarray(out[w].x, float)):
+                x = base.copy()
+                x[:ng][mask] = z[c]
+                xs.append(x)
+        rng = np.random.default_rng([seed, 1, int(w)])
+        n_rand = _across.RESCUE_RANDOM + n_cons - len(xs)
+        x = np.repeat(x0[None], n_rand, 0)
+        x[:, :ng] += spread * rng.standard_normal((n_rand, ng)) * mask
+        given[int(w)] = np.clip(np.concatenate([np.array(xs).reshape(-1, len(x0)), x]), lay.lo, lay.hi)
+    return given
+
+
+def _better(f: ProblemFit, old: ProblemFit) -> bool:
+    """Whether a refit ``f`` replaces the first fit ``old``: lower beyond round-off (the same
+    minimum again keeps the first fit) without losing the minimum, or the same cost where only
+    the refit reached the minimum."""
+    lower = np.isfinite(f.cost) and (not np.isfinite(old.cost) or f.cost < old.cost * (1 - 1e-8))
+    same = np.isfinite(f.cost) and f.cost <= old.cost * (1 + 1e-8)
+    return bool(
+        (lower and (f.status in _JUDGED or old.status not in _JUDGED))
+        or (same and f.status in _JUDGED and old.status not in _JUDGED)
+    )
 
 
 def _renumbered(message: str, idx) -> str:
