@@ -25,8 +25,8 @@ Rows:
   ``fit_inertia`` chose for the window (its adapted ``substeps``), ``--starts`` starts from
   the same equation-error start as SciPy's (the rest random, the layer's ``spread``); one
   problem per window, every window padded to the longest, all windows in one ``fit_many``
-  call with ``groups`` (fit_inertia's recording labels: the rules across windows, one
-  program per sub-step count), then :func:`rigidjax.identify.combine`; timed cold (first
+  call with ``groups`` (fit_inertia's recording labels: the rules across windows; one
+  program, the sub-steps data), then :func:`rigidjax.identify.combine`; timed cold (first
   pass, compilation included) and warm (second pass); its statuses against fit_inertia's per
   window; per window (the ``N`` baseline windows, column ``identify.fit``) its DOP853 cost
   against the best and its estimates against fit_inertia's in fit_inertia's standard errors.
@@ -139,8 +139,8 @@ def layer_problem(seg, start, substeps: int, sigma: float = 1.0):
     ``rigidjax identify.fit_many``, see module): ``start = (Ix/Iy, Iz/Iy)`` projected onto the
     valid box (as SciPy's and sysid's: an equation-error start may violate it), ``omega0``
     from the first sample, ``substeps`` fit_inertia's for the window. Module-level selector
-    and one stepper, observation and initial-state object: windows of one sub-step count
-    are problems of one structure (one compiled program)."""
+    and one stepper, observation and initial-state object: every window is a problem of one
+    structure (one compiled program; the rate alone is rolled out, its sub-steps data)."""
     import jax.numpy as jnp
 
     import rigidjax as rj
@@ -169,7 +169,7 @@ _LAYER: dict = {}
 
 def layer_fits(segs, starts_of, substeps, starts: int, pad_to: int, groups) -> tuple[dict, float, float, object]:
     """Every window with :func:`rigidjax.identify.fit_many` in one call with ``groups``
-    (``substeps[i]``, fit_inertia's: one program per count; every window padded to
+    (``substeps[i]``, fit_inertia's: data of one program; every window padded to
     ``pad_to``; each window's sigma its noise level), then :func:`rigidjax.identify.combine`.
     Returns ``({window index: result}, wall s, CPU s, combined)``; each result: ``Ix/Iy``,
     ``Iz/Iy``, ``omega0``, ``rms`` (its own, midpoint at its sub-steps), ``se`` (the layer's:

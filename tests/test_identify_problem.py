@@ -733,9 +733,9 @@ def test_fit_many_equals_one_by_one_and_keeps_the_others():
 
 def test_fit_many_takes_each_windows_sigma_and_substeps():
     """Windows with their own noise levels (sigma enters the program as data) and their own
-    sub-step counts (one program per count) in one ``fit_many`` call give each window's own
-    ``fit`` (equal to 1e-9: the round-off of a differently batched evaluation); windows that
-    differ only in sigma share one compiled program."""
+    sub-step counts (data too: a gyroscope-only problem rolls out the rate alone) in one
+    ``fit_many`` call give each window's own ``fit`` (equal to 1e-9: the round-off of a
+    differently batched evaluation); the windows share one compiled program."""
     from rigidjax.identify._program import _structure
     from rigidjax.identify.problem import _Layout
 
@@ -755,8 +755,8 @@ def test_fit_many_takes_each_windows_sigma_and_substeps():
         np.testing.assert_allclose(f.se["ratios"], one.se["ratios"], rtol=1e-9)
         np.testing.assert_allclose(f.rms, one.rms, rtol=1e-9)
         assert f.substeps >= p.substeps
-    key = [_structure(p, _Layout(p), jnp.float64) for p in problems[:2]]
-    assert key[0] == key[1]
+    key = [_structure(p, _Layout(p), jnp.float64) for p in problems]
+    assert key[0] == key[1] == key[2]
 
 
 def _one_body_windows(seed=3, n=100):

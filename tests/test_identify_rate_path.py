@@ -11,6 +11,8 @@ the same fit.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -164,3 +166,37 @@ def test_rate_step_is_the_midpoint_steps_rate(attitude):
     w1, status = stepper.rate_step(body)(state.angular_velocity, wrench[3:], 0.02)
     np.testing.assert_allclose(w1, full.angular_velocity, rtol=1e-14, atol=1e-15)
     assert int(status) == int(info.status) == Status.SUCCESS
+
+
+def test_rate_rollout_takes_its_substeps_as_data():
+    """Where the rate is rolled out alone, the sub-steps are data: problems at 1, 2 and 4
+    sub-steps share one program key, and one call of that program with rows of each count
+    gives each count's whole-state rollout (its own program, the steps repeated in it) to
+    round-off (1e-12 relative, as above), statuses included. The whole state keeps one
+    program per count."""
+    ks = (1, 2, 4)
+    fast = [dataclasses.replace(_problem(), substeps=k) for k in ks]
+    slow = [dataclasses.replace(_problem(signals=_whole_state), substeps=k) for k in ks]
+    keys = [_program._structure(p, _Layout(p), jnp.float64) for p in fast]
+    assert keys[0] == keys[1] == keys[2] and keys[0][-1] is None
+    slow_keys = [_program._structure(p, _Layout(p), jnp.float64) for p in slow]
+    assert len({k[-1] for k in slow_keys}) == 3
+    X = _points(fast[0])
+    # rows: each point at each count, in one call of the one program
+    _, arrays = _program._stack_many(fast, jnp.float64, 40)
+    run = _program._program(fast[0], _Layout(fast[0]), jnp.float64)
+    which = np.repeat(np.arange(3), len(X))
+    r, s, J = (np.asarray(a) for a in run(arrays, jnp.asarray(np.tile(X, (3, 1))), jnp.asarray(which)))
+    for i, p in enumerate(slow):
+        r2, s2, J2 = _evaluate(p, X)
+        rows = which == i
+        np.testing.assert_array_equal(s[rows], s2)
+        np.testing.assert_allclose(r[rows], r2, rtol=1e-12, atol=1e-12 * np.abs(r2).max())
+        np.testing.assert_allclose(J[rows], J2, rtol=1e-12, atol=1e-12 * np.abs(J2).max())
+    # the counts differ (the step error shows): the rows are not copies of one count
+    assert np.abs(r[which == 0] - r[which == 2]).max() > 1e-6 * np.abs(r).max()
+    # a failed sub-step is its sample interval's status, as the whole state's step is
+    tight = [dataclasses.replace(p, stepper=rj.Midpoint(max_rotation=0.01)) for p in (fast[1], slow[1])]
+    s1, s2 = _evaluate(tight[0], X, jacobian=False)[1], _evaluate(tight[1], X, jacobian=False)[1]
+    np.testing.assert_array_equal(s1, s2)
+    assert np.all(s1 == Status.ROTATION_LIMIT), s1

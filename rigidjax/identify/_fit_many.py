@@ -1,4 +1,5 @@
-"""Many problems at once: :func:`fit_many` (one compiled program per sub-step count), and for
+"""Many problems at once: :func:`fit_many` (one compiled program for all, or one per sub-step
+count where the whole state is rolled out), and for
 windows of one body (``groups``) the refit of suspect windows from the others' consensus and
 the poor-fit rule across windows (:mod:`rigidjax.identify._across`); :func:`~rigidjax.identify.fit` and the
 method: :mod:`rigidjax.identify._problem_fit`."""
@@ -16,6 +17,7 @@ from .. import so3
 from . import _across
 from . import observations as obs
 from ._problem_fit import _fit, _model_mask
+from ._program import _steps_part
 from ._problem_result import ProblemFit
 from ._result import FitStatus
 from .problem import Problem, _Layout
@@ -43,8 +45,10 @@ def fit_many(
     stepper, the parameters (``where``, transform, ``into``, start shapes), observations
     (but their ``sigma``: it enters as data, for rigidjax's observation classes), initial
     state, signal map and the number of segments; their data, start values, ``sigma``,
-    ``substeps`` (one program per count) and segment lengths may differ (every segment is
-    padded to the longest of its sub-step count, or ``pad_to``). Each problem draws its
+    ``substeps`` and segment lengths may differ (every segment is padded to the longest, or
+    ``pad_to``). Where the observations read only the body rate, the sub-steps enter the
+    program as data and every problem shares it; otherwise one program per sub-step count
+    (each padded to its own longest segment). Each problem draws its
     random starts from a generator of its own seeded with ``seed``, so the result of problem
     ``i`` does not depend on the other problems: it equals ``fit(problems[i], ...)`` with the
     same ``seed`` and padded length, to round-off.
@@ -101,19 +105,23 @@ def fit_many(
 
 
 def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step_check) -> list[ProblemFit]:
-    """:func:`fit_many`: the fits (one program per sub-step count); for windows of one body
+    """:func:`fit_many`: the fits (one program per family, see :func:`fit_many`); for windows of one body
     (``groups``) the refit of suspect windows from the others' consensus and the poor-fit
     rule across windows (:mod:`rigidjax.identify._across`)."""
     W = len(problems)
     one_body = groups is not None
 
-    refit_of = {}  # sub-step count -> (the part's windows, its refit through the part's program)
+    # one program per family: problems whose rate is rolled out alone take their sub-steps as
+    # data (one family); the others one per sub-step count
+    family = [_family(p, dtype) for p in problems]
+    refit_of = {}  # family -> (the part's windows, its refit through the part's program)
     options = (spread, seed, max_steps, dtype, pad_to, step_check)
 
     def fit_parts(ws, n_starts):
         res = {}
-        for k in sorted({problems[w].substeps for w in ws}):  # one program per sub-step count
-            idx = [w for w in ws if problems[w].substeps == k]
+        for k in dict.fromkeys(family[w] for w in ws):
+            # ordered by sub-steps: a call's rows run the most sub-steps among them
+            idx = sorted((w for w in ws if family[w] == k), key=lambda w: problems[w].substeps)
             part = [problems[w] for w in idx]
             hook = []
             try:
@@ -167,6 +175,15 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
                 out[w] = dataclasses.replace(f, message=f"{f.message}; {note}", starts=old.starts + f.starts)
     _judge(out, groups, signal, [p.observations for p in problems])
     return out
+
+
+def _family(problem: Problem, dtype):
+    """The program family of ``problem`` in :func:`fit_many` (:func:`_program._steps_part`);
+    its sub-steps where its layout is refused (the fit then names the problem and why)."""
+    try:
+        return _steps_part(problem, _Layout(problem), dtype)
+    except ValueError:
+        return problem.substeps
 
 
 def _consensus_starts(out, layouts, groups, bad, good, seed, spread) -> dict:

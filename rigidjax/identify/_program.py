@@ -27,9 +27,11 @@ from .observations import data_of, reads, rigid_body_signals
 @dataclasses.dataclass(frozen=True)
 class _Stacked:
     """The segments padded to ``N`` samples and stacked (see the module): ``t (S, N)``; ``dt
-    (S, (N - 1) k)`` per step; ``data {key: (S, N, k)}``; ``weights`` per observation ``(S, N)``
-    (0 at padded samples); ``state0`` and ``inputs`` stacked; ``steps (S, (N - 1) k)`` True
-    at the real segment's steps; ``n (S,)`` real samples (NumPy)."""
+    (S, N - 1)`` per sample interval (the program takes ``k`` equal sub-steps in each); ``data
+    {key: (S, N, c)}``; ``weights`` per observation ``(S, N)`` (0 at padded samples);
+    ``state0`` and ``inputs`` (per sample interval) stacked; ``steps (S, N - 1)`` True at the
+    real segment's sample intervals; ``k (S,)`` the sub-steps; ``n (S,)`` real samples
+    (NumPy)."""
 
     t: Any
     dt: Any
@@ -38,11 +40,12 @@ class _Stacked:
     state0: Any
     inputs: Any
     steps: Any
+    k: Any
     n: np.ndarray
 
     def arrays(self):
         """The arrays the compiled program takes."""
-        return (self.t, self.dt, self.data, self.weights, self.state0, self.inputs, self.steps)
+        return (self.t, self.dt, self.data, self.weights, self.state0, self.inputs, self.steps, self.k)
 
 
 def _common_length(problems, pad_to: int | None) -> int:
@@ -65,7 +68,6 @@ def _stack_many(problems, dtype, N: int):
 
 def _stack_segments(problem, dtype, pad_to: int | None = None) -> _Stacked:
     segs = problem.segments
-    k = problem.substeps
     n = np.array([len(np.asarray(s.t)) for s in segs])
     N = int(n.max()) if pad_to is None else int(pad_to)
     if N < n.max():
@@ -80,7 +82,7 @@ def _stack_segments(problem, dtype, pad_to: int | None = None) -> _Stacked:
         ti = np.asarray(s.t, float)
         ts.append(np.concatenate([ti, ti[-1] + float(np.median(np.diff(ti))) * np.arange(1, N - len(ti) + 1)]))
     t = np.stack(ts)
-    dt = np.repeat(np.diff(t, axis=1) / k, k, axis=1)
+    dt = np.diff(t, axis=1)
     # per key, each segment's data where an observation of that key reads it (several
     # observations may share a key over different segments), zeros elsewhere
     data = {}
@@ -96,7 +98,7 @@ def _stack_segments(problem, dtype, pad_to: int | None = None) -> _Stacked:
         / (o.sigma if _sigma_as_data(o) else 1.0)
         for o in problem.observations
     ]
-    steps = np.arange((N - 1) * k)[None, :] // k < (n[:, None] - 1)
+    steps = np.arange(N - 1)[None, :] < (n[:, None] - 1)
     # built in NumPy and moved with device_put: jnp.stack, jnp.repeat and even jnp.asarray bind
     # an operation that is compiled once per shape in every process (~0.7 s of a repeated
     # command's fit of a torque CSV)
@@ -108,7 +110,7 @@ def _stack_segments(problem, dtype, pad_to: int | None = None) -> _Stacked:
         inputs = None
     else:
         inputs = jax.tree_util.tree_map(
-            lambda *a: jax.device_put(np.stack([np.repeat(pad(x, N - 1).astype(np_dtype), k, axis=0) for x in a])),
+            lambda *a: jax.device_put(np.stack([pad(x, N - 1).astype(np_dtype) for x in a])),
             *[s.inputs for s in segs],
         )
     cast = lambda a: jax.device_put(np.asarray(a, np_dtype))  # noqa: E731
@@ -120,6 +122,7 @@ def _stack_segments(problem, dtype, pad_to: int | None = None) -> _Stacked:
         state0,
         inputs,
         jax.device_put(steps),
+        jax.device_put(np.full(len(segs), problem.substeps, np.int32)),
         n,
     )
 
@@ -140,21 +143,31 @@ def _rate_step(problem, model):
     return stepper.rate_step(model)
 
 
-def _rate_rollout(rate, omega0, dts, inputs):
-    """``(omega (n + 1, 3), status (n,))``: :func:`_rate_step`'s step over the steps ``dts
-    (n,)`` under the torques ``inputs[:, 3:]`` (or none), with :func:`rigidjax.rollout`'s rule
-    after a failure (the rate held, the failure's code repeated)."""
+def _rate_rollout(rate, omega0, dts, inputs, k):
+    """``(omega (n + 1, 3), status (n,))``: :func:`_rate_step`'s step over the sample intervals
+    ``dts (n,)``, each in ``k`` equal sub-steps (``k`` a traced integer) under the torques
+    ``inputs[:, 3:]`` (or none) held over the interval, with :func:`rigidjax.rollout`'s rule
+    after a failure (the rate held, the failure's code repeated); a sample interval's status
+    is the largest code of its sub-steps."""
     codes = jnp.asarray([int(c) for c in FAILURES], jnp.int32)
+
+    def sub(_, carry):
+        w, fail, worst, h, tau = carry
+        w1, status = rate(w, tau, h)
+        failed = fail != 0
+        w1 = jnp.where(failed, w, w1)
+        status = jnp.where(failed, fail, status).astype(jnp.int32)
+        fail = jnp.where(jnp.isin(status, codes), status, 0).astype(jnp.int32)
+        return w1, fail, jnp.maximum(worst, status), h, tau
 
     def body(carry, xs):
         w, fail = carry
         h, u = xs
-        w1, status = rate(w, None if u is None else u[3:], h)
-        failed = fail != 0
-        w1 = jnp.where(failed, w, w1)
-        status = jnp.where(failed, fail, status)
-        fail = jnp.where(jnp.isin(status, codes), status, 0).astype(jnp.int32)
-        return (w1, fail), (w1, status)
+        tau = None if u is None else u[3:]
+        w1, fail, worst, _, _ = jax.lax.fori_loop(
+            0, k, sub, (w, fail, jnp.zeros((), jnp.int32), h / k.astype(h.dtype), tau)
+        )
+        return (w1, fail), (w1, worst)
 
     _, (ws, status) = jax.lax.scan(body, (omega0, jnp.zeros((), jnp.int32)), (dts, inputs))
     return jnp.concatenate([omega0[None], ws]), status
@@ -168,10 +181,11 @@ def _residual_fn(problem, layout):
     (:func:`_rate_step`), only the rate is rolled out (free-body gyroscope problems: measured
     at ~2x faster residuals and Jacobians than rolling out the whole state)."""
     k, nz, ng, S = problem.substeps, layout.nz, layout.n_global, layout.S
+    sub = lambda a: jnp.repeat(a, k, axis=0)  # noqa: E731 (per sample interval -> per step)
 
     def residuals(arrays, x):
-        t, dt, data, weights, state0, inputs, steps = arrays
-        n_steps = dt.shape[1]
+        t, dt, data, weights, state0, inputs, steps, ks = arrays
+        n_steps = dt.shape[1] * k
         model = layout.model(x)
         _, sensor = layout.values(x)
         Z = x[ng:].reshape(S, nz)
@@ -179,24 +193,25 @@ def _residual_fn(problem, layout):
         rate = _rate_step(problem, model)
         observations = _unit_sigma(problem.observations)
 
-        def one(z, s0, ts, dts, u, d, w, real):
+        def one(z, s0, ts, dts, u, d, w, real, ki):
             st0 = problem.initial.build(model, z, s0)
-            if rate is None:
-                traj = rollout(problem.stepper, model, st0, dts, n_steps, u)
+            if rate is None:  # k (the key's) steps per sample interval
+                traj = rollout(problem.stepper, model, st0, sub(dts) / k, n_steps, jax.tree_util.tree_map(sub, u))
                 sig, step_status = problem.signals(model, traj.states), traj.info.status
-            else:
-                omega, step_status = _rate_rollout(rate, st0.angular_velocity, dts, u)
-                sig = {"angular_velocity": omega}
+                every, real = k, sub(real)
+            else:  # per sample already (ki sub-steps per interval, data)
+                omega, step_status = _rate_rollout(rate, st0.angular_velocity, dts, u, ki)
+                sig, every = {"angular_velocity": omega}, 1
             rs = []
             for o, p, wi in zip(observations, sensor, w):
-                pred = sig[o.signal][::k]
+                pred = sig[o.signal][::every]
                 # zero where the weight is: a padded sample's prediction may be anything
                 rs.append(jnp.where(wi[:, None] > 0, o.residual(pred, ts, d[o.key], p) * wi[:, None], 0.0))
             # the first failure of the rollout's real steps (SUCCESS = 0 where none)
             status = jnp.max(jnp.where(real, step_status, Status.SUCCESS))
             return jnp.concatenate(rs, -1), status
 
-        return jax.vmap(one)(Z, state0, t, dt, inputs, data, weights, steps)
+        return jax.vmap(one)(Z, state0, t, dt, inputs, data, weights, steps, ks)
 
     return residuals
 
@@ -279,7 +294,8 @@ def _keyed_model(problem):
 def _structure(problem, layout, dtype, jacobian: bool = True):
     """The key of ``problem``'s compiled program (see :func:`_program`): its parts by what
     they compute (:func:`_freeze`; the model without its fitted leaves' values,
-    :func:`_keyed_model`); ``None`` where a part is unhashable."""
+    :func:`_keyed_model`) and its sub-steps where they are not data (:func:`_steps_key`);
+    ``None`` where a part is unhashable."""
     leaves, treedef = jax.tree_util.tree_flatten(_keyed_model(problem))
     key = (
         treedef,
@@ -290,7 +306,6 @@ def _structure(problem, layout, dtype, jacobian: bool = True):
         _freeze(problem.initial),
         _freeze(problem.stepper),
         _freeze(problem.signals),
-        problem.substeps,
         layout.S,
         jnp.dtype(dtype).name,
         jacobian,
@@ -299,7 +314,38 @@ def _structure(problem, layout, dtype, jacobian: bool = True):
         hash(key)
     except TypeError:  # an unhashable part: a program for this problem alone
         return None
-    return key
+    return key + (_steps_key(problem, layout, key),)
+
+
+def _steps_part(problem, layout, dtype):
+    """:func:`_steps_key` of ``problem`` (remembered by its structure where it has one)."""
+    key = _structure(problem, layout, dtype)
+    return key[-1] if key is not None else _steps_key(problem, layout)
+
+
+#: Per program key without its sub-steps (:func:`_structure`): whether the rate is rolled out
+#: alone (:func:`_steps_key`), so that deciding it traces the model once per structure.
+_RATE_ALONE: dict = {}
+
+
+def _steps_key(problem, layout, base=None):
+    """The sub-steps' part of a program's key: ``None`` where the program rolls out the body
+    rate alone (:func:`_rate_step` on the model as the program sees it, fitted leaves traced),
+    whose sub-steps are data (one program for every count: windows that need different
+    steps, and the step check's doubled steps, share it); else ``problem.substeps`` (the
+    whole state's rollout has ``(N - 1) k`` steps). ``base``: the rest of the key, to
+    remember the answer by (hashable), or ``None``."""
+    rate = _RATE_ALONE.get(base) if base is not None else None
+    if rate is None:
+        found = []
+        start = jnp.asarray(layout.start())
+        jax.eval_shape(lambda x: found.append(_rate_step(problem, layout.model(x)) is not None), start)
+        rate = found[0]
+        if base is not None:
+            if len(_RATE_ALONE) >= 256:
+                _RATE_ALONE.clear()
+            _RATE_ALONE[base] = rate
+    return None if rate else problem.substeps
 
 
 class _Unstable(Exception):
@@ -394,7 +440,7 @@ def _stable_key(problem, layout, dtype, jacobian):
                 problem.initial,
                 problem.stepper,
                 problem.signals,
-                problem.substeps,
+                _steps_part(problem, layout, dtype),
                 layout.S,
                 jnp.dtype(dtype).name,
                 jacobian,
@@ -412,7 +458,8 @@ def _program(problem, layout, dtype, jacobian: bool | str = True):
     is not finite), jitted: row ``i`` evaluates the problem whose data are row ``which[i]``
     of ``arrays`` (:func:`_stack_many`). Shared by every problem of the same structure (model
     values, stepper, parameters with the shapes of their start values, observations, initial
-    state, signals, substeps, segment count: equal or the same objects), whose data enter as
+    state, signals, substeps unless the rate is rolled out alone (:func:`_steps_key`), segment
+    count: equal or the same objects), whose data enter as
     arguments: one compilation per structure, padded length, problem count and row count.
     The start values enter the program only through their shapes (a transform's ``like``).
     Its outputs are replicated on every device (see :func:`_devices`)."""
