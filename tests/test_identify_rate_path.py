@@ -200,3 +200,28 @@ def test_rate_rollout_takes_its_substeps_as_data():
     s1, s2 = _evaluate(tight[0], X, jacobian=False)[1], _evaluate(tight[1], X, jacobian=False)[1]
     np.testing.assert_array_equal(s1, s2)
     assert np.all(s1 == Status.ROTATION_LIMIT), s1
+
+
+def test_substeps_per_segment():
+    """Sub-steps per segment (where the rate is rolled out alone): each segment's residuals and
+    Jacobian rows equal those of the same problem at that segment's count (1e-12, as above);
+    the step check's doubling doubles each; a whole-state problem refuses them, and a bad
+    tuple is named."""
+    p = dataclasses.replace(_problem(), substeps=(1, 4))
+    assert p.substeps == (1, 4) and dataclasses.replace(_problem(), substeps=[3, 3]).substeps == 3
+    X = _points(p)
+    r, s, J = _evaluate(p, X)
+    n_seg = r.shape[1] // 2  # two segments, their residuals one after the other
+    for i, k in enumerate((1, 4)):
+        r_k, s_k, J_k = _evaluate(dataclasses.replace(_problem(), substeps=k), X)
+        seg = slice(i * n_seg, (i + 1) * n_seg)
+        np.testing.assert_allclose(r[:, seg], r_k[:, seg], rtol=1e-12, atol=1e-12 * np.abs(r_k).max())
+        np.testing.assert_allclose(J[:, seg], J_k[:, seg], rtol=1e-12, atol=1e-12 * np.abs(J_k).max())
+    assert np.all(s == Status.SUCCESS)
+    fit = identify.fit(p, starts=1, step_check="report")
+    assert fit.substeps == (1, 4) and fit.to_dict()["substeps"] == [1, 4]
+    with pytest.raises(ValueError, match="substeps per segment .* whole state"):
+        identify.fit(dataclasses.replace(_problem(signals=_whole_state), substeps=(1, 2)))
+    for bad in ((1,), (1, 0), (1, 2.0), (True, 2)):
+        with pytest.raises(ValueError, match="one per segment"):
+            dataclasses.replace(_problem(), substeps=bad)

@@ -121,7 +121,7 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
         res = {}
         for k in dict.fromkeys(family[w] for w in ws):
             # ordered by sub-steps: a call's rows run the most sub-steps among them
-            idx = sorted((w for w in ws if family[w] == k), key=lambda w: problems[w].substeps)
+            idx = sorted((w for w in ws if family[w] == k), key=lambda w: np.max(problems[w].substeps))
             part = [problems[w] for w in idx]
             hook = []
             try:

@@ -17,7 +17,7 @@ from ..rollout import rollout
 from . import _across, _lm
 from . import observations as obs
 from ._problem_result import ProblemFit, flat_values, result, value_names
-from ._program import _common_length, _evaluator, _structure
+from ._program import _common_length, _evaluator, _structure, per_segment
 from ._result import FitStatus
 from ._step_error import finer_residuals, refine_steps
 from .problem import Problem, _Layout
@@ -326,7 +326,8 @@ def _check_signals(problem: Problem, layout: _Layout, dtype) -> None:
     observation's ``signal`` with the measured width. Raises ``ValueError`` naming what
     does not fit."""
     seg = problem.segments[0]
-    n_steps = (len(np.asarray(seg.t)) - 1) * problem.substeps
+    k = int(per_segment(problem.substeps, len(problem.segments))[0])
+    n_steps = (len(np.asarray(seg.t)) - 1) * k
     structure = _structure(problem, layout, dtype, jacobian="signals")
     seg_shapes = jax.tree_util.tree_map(
         np.shape, (seg.state0, seg.inputs, {o.key: obs.data_of(problem, o, 0) for o in problem.observations})
@@ -338,8 +339,8 @@ def _check_signals(problem: Problem, layout: _Layout, dtype) -> None:
     cast = lambda a: jnp.asarray(a, dtype)  # noqa: E731
     inputs = None
     if seg.inputs is not None:
-        inputs = jax.tree_util.tree_map(lambda a: jnp.repeat(cast(a), problem.substeps, axis=0), seg.inputs)
-    dts = jnp.full((n_steps,), float(np.median(np.diff(np.asarray(seg.t, float)))) / problem.substeps, dtype)
+        inputs = jax.tree_util.tree_map(lambda a: jnp.repeat(cast(a), k, axis=0), seg.inputs)
+    dts = jnp.full((n_steps,), float(np.median(np.diff(np.asarray(seg.t, float)))) / k, dtype)
 
     def signals(x, state0, u):
         model = layout.model(x)

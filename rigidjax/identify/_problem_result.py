@@ -68,7 +68,7 @@ class ProblemFit:
     decrement: float
     x: np.ndarray
     se_classical: dict = dataclasses.field(default_factory=dict)
-    substeps: int = 1
+    substeps: int | tuple = 1
     step_shift: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
 
     def to_dict(self) -> dict:
@@ -102,7 +102,7 @@ class ProblemFit:
             "starts": int(self.starts),
             "starts_at_best": int(self.starts_at_best),
             "decrement": clean(self.decrement),
-            "substeps": int(self.substeps),
+            "substeps": list(self.substeps) if isinstance(self.substeps, tuple) else int(self.substeps),
             "step_shift": clean(self.step_shift),
             "x": clean(self.x),
         }

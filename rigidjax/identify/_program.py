@@ -48,6 +48,16 @@ class _Stacked:
         return (self.t, self.dt, self.data, self.weights, self.state0, self.inputs, self.steps, self.k)
 
 
+def per_segment(substeps, n: int) -> np.ndarray:
+    """``Problem.substeps`` as one count per segment ``(n,)`` (int32)."""
+    return np.broadcast_to(np.asarray(substeps, np.int32), (n,)).copy()
+
+
+def doubled(substeps):
+    """``Problem.substeps`` with every count doubled (the step check's finer steps)."""
+    return tuple(2 * k for k in substeps) if isinstance(substeps, tuple) else 2 * substeps
+
+
 def _common_length(problems, pad_to: int | None) -> int:
     """The padded length of every segment of ``problems``: the longest, or ``pad_to``."""
     longest = max(len(np.asarray(s.t)) for p in problems for s in p.segments)
@@ -122,7 +132,7 @@ def _stack_segments(problem, dtype, pad_to: int | None = None) -> _Stacked:
         state0,
         inputs,
         jax.device_put(steps),
-        jax.device_put(np.full(len(segs), problem.substeps, np.int32)),
+        jax.device_put(per_segment(problem.substeps, len(segs))),
         n,
     )
 
@@ -345,6 +355,12 @@ def _steps_key(problem, layout, base=None):
             if len(_RATE_ALONE) >= 256:
                 _RATE_ALONE.clear()
             _RATE_ALONE[base] = rate
+    if not rate and isinstance(problem.substeps, tuple):
+        raise ValueError(
+            f"Problem: substeps per segment {problem.substeps} need a program that rolls out the body rate alone "
+            "(every observation reading angular_velocity, a stepper with rate_step, a model whose rate evolves "
+            "alone); this one rolls out the whole state, one step count for all segments"
+        )
     return None if rate else problem.substeps
 
 

@@ -37,7 +37,7 @@ import numpy as np
 from ..info import Status
 from . import _lm
 from ._problem_result import flat_values, result
-from ._program import CHUNK_ROWS, _caller, _chunked, _evaluator, _program, _stack_many
+from ._program import CHUNK_ROWS, _caller, _chunked, _evaluator, _program, _stack_many, doubled
 from ._result import FitStatus
 
 #: A step-error shift of any fitted value above this many standard errors makes :func:`fit`
@@ -81,7 +81,7 @@ def finer_residuals(problems, layout, dtype, N, X) -> tuple[np.ndarray, np.ndarr
     """``(r_2k, ok)``: the weighted residuals of every problem ``w`` at ``X[w]`` with twice its
     sub-steps, in one call of one program (``ok``: every step succeeded); the first check of
     :func:`refine_steps` of a fit's problems, batched (one call per window: ~6 ms each)."""
-    finer = [dataclasses.replace(p, substeps=2 * p.substeps) for p in problems]
+    finer = [dataclasses.replace(p, substeps=doubled(p.substeps)) for p in problems]
     _, arrays = _stack_many(finer, dtype, N)
     call = _caller(_program(finer[0], layout, dtype, jacobian=False), arrays, dtype)
     r_2k, status = _chunked(call, np.asarray(X), np.arange(len(problems)), min(len(problems), CHUNK_ROWS))
@@ -121,9 +121,8 @@ def refine_steps(problem, layout, out, run, x, g, dtype, N, max_steps, refine, s
         moved = float(np.max(np.where(ok, shift * se_now / np.where(ok, se_first, 1.0), shift)))
         out = dataclasses.replace(out, substeps=problem.substeps, step_shift=shift)
         if not np.all(np.isfinite(shift)):
-            out = dataclasses.replace(
-                out, message=f"{out.message}; no step-error check (a step failed at substeps={2 * problem.substeps})"
-            )
+            why = f"a step failed at substeps={doubled(problem.substeps)}"
+            out = dataclasses.replace(out, message=f"{out.message}; no step-error check ({why})")
             break
         small = bool(np.all(shift <= STEP_SHIFT_MAX))
         if small or out.status not in (FitStatus.CONVERGED, FitStatus.POOR_FIT):
@@ -144,7 +143,7 @@ def refine_steps(problem, layout, out, run, x, g, dtype, N, max_steps, refine, s
                 f"{shift[worst]:.2g} standard errors at substeps={problem.substeps}: raise Problem.substeps",
             )
             break
-        problem = dataclasses.replace(problem, substeps=2 * problem.substeps)
+        problem = dataclasses.replace(problem, substeps=doubled(problem.substeps))
         stacked, _, evaluate, run_one = _evaluator([problem], layout, dtype, N, 1)
         stacked, run = stacked[0], run_one(0)
         lo, hi = layout.lo[None], layout.hi[None]

@@ -234,7 +234,10 @@ class Problem:
         initial: the initial-state unknowns (:func:`FreeBodyInitial` by default).
         signals: ``signals(model, states) -> {name: (N, k)}``: what the observations read of
             a trajectory (:func:`~rigidjax.identify.observations.rigid_body_signals` default).
-        substeps: steps per sample interval (>= 1).
+        substeps: steps per sample interval (an integer >= 1), or one per segment (a tuple)
+            where the program rolls out the body rate alone (every observation a gyroscope's,
+            on a stepper with ``rate_step``: e.g. windows that need different steps in one
+            joint fit); a tuple of equal counts is that count.
     """
 
     model: Any
@@ -244,13 +247,24 @@ class Problem:
     segments: Sequence[MeasuredSegment]
     initial: InitialState = dataclasses.field(default_factory=FreeBodyInitial)
     signals: Callable = rigid_body_signals
-    substeps: int = 1
+    substeps: int | tuple = 1
 
     def __post_init__(self):
         if not self.segments:
             raise ValueError("Problem: no segments")
-        if not isinstance(self.substeps, (int, np.integer)) or self.substeps < 1:
-            raise ValueError(f"Problem: substeps must be an integer >= 1; got {self.substeps!r}")
+        k = self.substeps
+        if isinstance(k, (list, tuple)):
+            if len(k) != len(self.segments) or not all(
+                isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1 for v in k
+            ):
+                raise ValueError(
+                    f"Problem: substeps per segment must be {len(self.segments)} integers >= 1 (one per segment); "
+                    f"got {k!r}"
+                )
+            k = tuple(int(v) for v in k)
+            object.__setattr__(self, "substeps", k[0] if len(set(k)) == 1 else k)
+        elif not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"Problem: substeps must be an integer >= 1 or one per segment; got {k!r}")
         for o in self.observations:
             idx = getattr(o, "segments", None)
             if idx is not None and max(idx) >= len(self.segments):
