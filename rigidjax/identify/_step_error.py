@@ -118,7 +118,7 @@ def refine_steps(problem, layout, out, run, x, g, dtype, N, max_steps, refine, s
         # error they contain), in the first fit's standard errors: a fixed scale
         se_now = _se(out)
         ok = np.isfinite(se_now) & np.isfinite(se_first) & (se_first > 0)
-        moved = float(np.max(np.where(ok, shift * se_now / np.where(ok, se_first, 1.0), shift)))
+        moved = float(np.max(np.where(ok, shift * np.where(ok, se_now, 0.0) / np.where(ok, se_first, 1.0), shift)))
         out = dataclasses.replace(out, substeps=problem.substeps, step_shift=shift)
         if not np.all(np.isfinite(shift)):
             why = f"a step failed at substeps={doubled(problem.substeps)}"
