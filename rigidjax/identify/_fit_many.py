@@ -113,7 +113,8 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
 
     # one program per family: problems whose rate is rolled out alone take their sub-steps as
     # data (one family); the others one per sub-step count
-    family = [_family(p, dtype) for p in problems]
+    layouts = [_layout(p) for p in problems]
+    family = [_family(p, lay, dtype) for p, lay in zip(problems, layouts)]
     refit_of = {}  # family -> (the part's windows, its refit through the part's program)
     options = (spread, seed, max_steps, dtype, pad_to, step_check)
 
@@ -135,7 +136,9 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
     if not one_body:
         found = fit_parts(range(W), starts)
         return [found[w] for w in range(W)]
-    layouts = [_Layout(p) for p in problems]
+    for i, lay in enumerate(layouts):
+        if isinstance(lay, ValueError):
+            raise ValueError(f"fit_many: problems[{i}]: {lay}")
     kinds = [[(k, n, size) for k, n, _, _, _, size in lay.slots] + [lay.S, lay.nz] for lay in layouts]
     for i in range(1, W):
         if kinds[i] != kinds[0]:
@@ -177,11 +180,19 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
     return out
 
 
-def _family(problem: Problem, dtype):
-    """The program family of ``problem`` in :func:`fit_many` (:func:`_program._steps_part`);
-    its sub-steps where its layout is refused (the fit then names the problem and why)."""
+def _layout(problem: Problem):
+    """``problem``'s layout, or the ``ValueError`` refusing it."""
     try:
-        return _steps_part(problem, _Layout(problem), dtype)
+        return _Layout(problem)
+    except ValueError as e:
+        return e
+
+
+def _family(problem: Problem, layout, dtype):
+    """The program family of ``problem`` in :func:`fit_many` (:func:`_program._steps_part`);
+    its sub-steps where it is refused (the fit then names the problem and why)."""
+    try:
+        return problem.substeps if isinstance(layout, ValueError) else _steps_part(problem, layout, dtype)
     except ValueError:
         return problem.substeps
 

@@ -30,8 +30,8 @@ class _Stacked:
     (S, N - 1)`` per sample interval (the program takes ``k`` equal sub-steps in each); ``data
     {key: (S, N, c)}``; ``weights`` per observation ``(S, N)`` (0 at padded samples);
     ``state0`` and ``inputs`` (per sample interval) stacked; ``steps (S, N - 1)`` True at the
-    real segment's sample intervals; ``k (S,)`` the sub-steps; ``n (S,)`` real samples
-    (NumPy)."""
+    real segment's sample intervals; ``k (S,)`` the sub-steps; ``n (S,)`` real samples. All
+    NumPy (:func:`_stack_many` moves the stacked arrays to the device)."""
 
     t: Any
     dt: Any
@@ -70,9 +70,10 @@ def _stack_many(problems, dtype, N: int):
     """``(stacked per problem, arrays)``: each problem's :class:`_Stacked` at length ``N``, and
     their :meth:`_Stacked.arrays` stacked along a new leading axis (one row per problem)."""
     stacked = [_stack_segments(p, dtype, N) for p in problems]
-    arrays = jax.tree_util.tree_map(
-        lambda *a: jax.device_put(np.stack([np.asarray(x) for x in a])), *[s.arrays() for s in stacked]
-    )
+    # stacked in NumPy, moved once per array: jnp.stack, jnp.repeat and even jnp.asarray bind
+    # an operation that is compiled once per shape in every process (~0.7 s of a repeated
+    # command's fit of a torque CSV)
+    arrays = jax.tree_util.tree_map(lambda *a: jax.device_put(np.stack(a)), *[s.arrays() for s in stacked])
     return stacked, arrays
 
 
@@ -109,21 +110,17 @@ def _stack_segments(problem, dtype, pad_to: int | None = None) -> _Stacked:
         for o in problem.observations
     ]
     steps = np.arange(N - 1)[None, :] < (n[:, None] - 1)
-    # built in NumPy and moved with device_put: jnp.stack, jnp.repeat and even jnp.asarray bind
-    # an operation that is compiled once per shape in every process (~0.7 s of a repeated
-    # command's fit of a torque CSV)
     np_dtype = np.dtype(jnp.dtype(dtype).name)
     state0 = jax.tree_util.tree_map(
-        lambda *a: jax.device_put(np.stack([np.asarray(x, np_dtype) for x in a])), *[s.state0 for s in segs]
+        lambda *a: np.stack([np.asarray(x, np_dtype) for x in a]), *[s.state0 for s in segs]
     )
     if segs[0].inputs is None:
         inputs = None
     else:
         inputs = jax.tree_util.tree_map(
-            lambda *a: jax.device_put(np.stack([pad(x, N - 1).astype(np_dtype) for x in a])),
-            *[s.inputs for s in segs],
+            lambda *a: np.stack([pad(x, N - 1).astype(np_dtype) for x in a]), *[s.inputs for s in segs]
         )
-    cast = lambda a: jax.device_put(np.asarray(a, np_dtype))  # noqa: E731
+    cast = lambda a: np.asarray(a, np_dtype)  # noqa: E731
     return _Stacked(
         cast(t),
         cast(dt),
@@ -131,8 +128,8 @@ def _stack_segments(problem, dtype, pad_to: int | None = None) -> _Stacked:
         [cast(w) for w in weights],
         state0,
         inputs,
-        jax.device_put(steps),
-        jax.device_put(per_segment(problem.substeps, len(segs))),
+        steps,
+        per_segment(problem.substeps, len(segs)),
         n,
     )
 

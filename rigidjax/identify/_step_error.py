@@ -36,7 +36,7 @@ import numpy as np
 
 from ..info import Status
 from . import _lm
-from ._problem_result import flat_values, result
+from ._problem_result import flat_values_of, result
 from ._program import CHUNK_ROWS, _caller, _chunked, _evaluator, _program, _stack_many, doubled
 from ._result import FitStatus
 
@@ -99,7 +99,7 @@ def _step_shift(problem, layout, out, run, x, dtype, N, finer=None) -> np.ndarra
     if not ok:
         return np.full(len(out.names), np.nan)
     se = np.sqrt(np.maximum(np.diag(out.covariance), 0))
-    return shift(r_k[0], np.asarray(r_2k, float), J[0], x, lambda y: flat_values(layout, jnp.asarray(y, dtype)), se)
+    return shift(r_k[0], np.asarray(r_2k, float), J[0], x, flat_values_of(problem, layout, dtype), se)
 
 
 def refine_steps(problem, layout, out, run, x, g, dtype, N, max_steps, refine, sigma_rule: bool = True, finer=None):
