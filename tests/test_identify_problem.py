@@ -727,6 +727,10 @@ def test_fit_many_equals_one_by_one_and_keeps_the_others():
     other = _problem(problems[0].segments, observations=[obs.AngularVelocity(bias=True, sigma=1e-3)])
     with pytest.raises(ValueError, match=r"problems\[1\] differs from problems\[0\] in its parameter and sensor"):
         identify.fit_many([problems[0], other])
+    # every part of the program's key named (the key's order): a second segment
+    two = dataclasses.replace(problems[0], segments=list(problems[0].segments) * 2)
+    with pytest.raises(ValueError, match=r"problems\[1\] differs from problems\[0\] in its segment count"):
+        identify.fit_many([problems[0], two])
     with pytest.raises(ValueError, match="no problems"):
         identify.fit_many([])
 

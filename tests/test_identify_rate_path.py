@@ -222,6 +222,9 @@ def test_substeps_per_segment():
     assert fit.substeps == (1, 4) and fit.to_dict()["substeps"] == [1, 4]
     with pytest.raises(ValueError, match="substeps per segment .* whole state"):
         identify.fit(dataclasses.replace(_problem(signals=_whole_state), substeps=(1, 2)))
+    with pytest.raises(ValueError, match=r"fit_many: problems\[1\]: Problem: substeps per segment"):
+        identify.fit_many([p, dataclasses.replace(_problem(signals=_whole_state), substeps=(1, 2))])
+    assert dataclasses.replace(_problem(), substeps=np.array([1, 4])).substeps == (1, 4)
     for bad in ((1,), (1, 0), (1, 2.0), (True, 2)):
         with pytest.raises(ValueError, match="one per segment"):
             dataclasses.replace(_problem(), substeps=bad)

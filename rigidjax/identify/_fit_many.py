@@ -128,7 +128,10 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
             try:
                 fits = _fit(part, n_starts, *options, False, "fit_many", not one_body, refits=hook)
             except ValueError as e:  # name the problems by their place in the call
-                raise ValueError(_renumbered(str(e), idx)) from None
+                msg = str(e)
+                if len(idx) == 1 and not msg.startswith("fit_many:"):  # a part of one problem: unnamed
+                    msg = f"fit_many: problems[0]: {msg}"
+                raise ValueError(_renumbered(msg, idx)) from None
             refit_of[k] = (idx, hook[0])
             res.update(zip(idx, fits))
         return res
@@ -190,7 +193,7 @@ def _layout(problem: Problem):
 
 def _family(problem: Problem, layout, dtype):
     """The program family of ``problem`` in :func:`fit_many` (:func:`_program._steps_part`);
-    its sub-steps where it is refused (the fit then names the problem and why)."""
+    its sub-steps where it is refused (the fit of its part names the problem and why)."""
     try:
         return problem.substeps if isinstance(layout, ValueError) else _steps_part(problem, layout, dtype)
     except ValueError:

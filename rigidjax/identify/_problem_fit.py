@@ -17,7 +17,7 @@ from ..rollout import rollout
 from . import _across, _lm
 from . import observations as obs
 from ._problem_result import ProblemFit, flat_values, result, value_names
-from ._program import _common_length, _evaluator, _structure, per_segment
+from ._program import _common_length, _evaluator, _steps_part, _structure, per_segment
 from ._result import FitStatus
 from ._step_error import finer_residuals, refine_steps
 from .problem import Problem, _Layout
@@ -92,8 +92,10 @@ _STRUCTURE_PARTS = (
     "initial state",
     "stepper",
     "signal map",
-    "substeps",
     "segment count",
+    "evaluation dtype",
+    "program kind",
+    "substeps",
 )
 
 
@@ -137,6 +139,11 @@ def _fit(
         try:
             layouts.append(_Layout(p))
         except ValueError as e:  # bad start values or bounds: an input error, named per problem
+            raise ValueError(f"{name}: problems[{i}]: {e}" if len(problems) > 1 else str(e)) from None
+    for i, (p, lay) in enumerate(zip(problems, layouts)):
+        try:
+            _steps_part(p, lay, dtype)  # per-segment sub-steps on a whole-state program: refused
+        except ValueError as e:
             raise ValueError(f"{name}: problems[{i}]: {e}" if len(problems) > 1 else str(e)) from None
     layout = layouts[0]
     _check_signals(problems[0], layout, dtype)
@@ -306,7 +313,7 @@ def _check_same_structure(problems, layouts, dtype, name) -> None:
     for i, (p, lay) in enumerate(zip(problems[1:], layouts[1:]), 1):
         key = _structure(p, lay, dtype)
         if key != key0:
-            part = next((what for what, a, b in zip(_STRUCTURE_PARTS, key0, key or ()) if a != b), "its structure")
+            part = next((what for what, a, b in zip(_STRUCTURE_PARTS, key0, key or ()) if a != b), "structure")
             raise ValueError(f"{name}: problems[{i}] differs from problems[0] in its {part}; fit it separately")
         if shapes(p) != shapes0:
             raise ValueError(

@@ -253,6 +253,8 @@ class Problem:
         if not self.segments:
             raise ValueError("Problem: no segments")
         k = self.substeps
+        if isinstance(k, np.ndarray) and k.ndim == 1:
+            k = tuple(k.tolist())
         if isinstance(k, (list, tuple)):
             if len(k) != len(self.segments) or not all(
                 isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1 for v in k
@@ -264,7 +266,9 @@ class Problem:
             k = tuple(int(v) for v in k)
             object.__setattr__(self, "substeps", k[0] if len(set(k)) == 1 else k)
         elif not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
-            raise ValueError(f"Problem: substeps must be an integer >= 1 or one per segment; got {k!r}")
+            raise ValueError(
+                f"Problem: substeps must be an integer >= 1, or one per segment (a tuple, list or 1-d array); got {k!r}"
+            )
         for o in self.observations:
             idx = getattr(o, "segments", None)
             if idx is not None and max(idx) >= len(self.segments):
