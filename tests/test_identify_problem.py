@@ -740,7 +740,7 @@ def test_fit_many_takes_each_windows_sigma_and_substeps():
     sub-step counts (data too: a gyroscope-only problem rolls out the rate alone) in one
     ``fit_many`` call give each window's own ``fit`` (equal to 1e-9: the round-off of a
     differently batched evaluation); the windows share one compiled program."""
-    from rigidjax.identify._program import _structure
+    from rigidjax.identify._program_key import _structure
     from rigidjax.identify.problem import _Layout
 
     rng = np.random.default_rng(5)

@@ -20,7 +20,7 @@ import pytest
 
 import rigidjax as rj
 from rigidjax import identify
-from rigidjax.identify import _program
+from rigidjax.identify import _program, _program_key
 from rigidjax.identify import observations as obs
 from rigidjax.identify import transforms as tr
 from rigidjax.identify.problem import _Layout
@@ -92,8 +92,8 @@ def _points(problem):
 
 def test_rate_rollout_equals_the_whole_state_rollout():
     fast, slow = _problem(), _problem(signals=_whole_state)
-    assert _program._rate_step(fast, fast.model) is not None
-    assert _program._rate_step(slow, slow.model) is None
+    assert _program_key._rate_step(fast, fast.model) is not None
+    assert _program_key._rate_step(slow, slow.model) is None
     X = _points(fast)
     r1, s1, J1 = _evaluate(fast, X)
     r2, s2, J2 = _evaluate(slow, X)
@@ -139,9 +139,9 @@ def test_whole_state_where_the_rate_does_not_evolve_alone():
 
 
 def _traced_rate_step(p):
-    """:func:`_program._rate_step` on the model as the compiled program sees it (fitted leaves traced)."""
+    """:func:`_program_key._rate_step` on the model as the compiled program sees it (fitted leaves traced)."""
     layout, found = _Layout(p), []
-    jax.eval_shape(lambda x: found.append(_program._rate_step(p, layout.model(x))), jnp.asarray(layout.start()))
+    jax.eval_shape(lambda x: found.append(_program_key._rate_step(p, layout.model(x))), jnp.asarray(layout.start()))
     return found[0]
 
 
@@ -177,9 +177,9 @@ def test_rate_rollout_takes_its_substeps_as_data():
     ks = (1, 2, 4)
     fast = [dataclasses.replace(_problem(), substeps=k) for k in ks]
     slow = [dataclasses.replace(_problem(signals=_whole_state), substeps=k) for k in ks]
-    keys = [_program._structure(p, _Layout(p), jnp.float64) for p in fast]
+    keys = [_program_key._structure(p, _Layout(p), jnp.float64) for p in fast]
     assert keys[0] == keys[1] == keys[2] and keys[0][-1] is None
-    slow_keys = [_program._structure(p, _Layout(p), jnp.float64) for p in slow]
+    slow_keys = [_program_key._structure(p, _Layout(p), jnp.float64) for p in slow]
     assert len({k[-1] for k in slow_keys}) == 3
     X = _points(fast[0])
     # rows: each point at each count, in one call of the one program

@@ -217,11 +217,11 @@ def test_layer_store_keys():
     store's fingerprint does not cover."""
     import dataclasses
 
-    from rigidjax.identify import _program, recipes
+    from rigidjax.identify import _program_key, recipes
     from rigidjax.identify.problem import _Layout
 
     def key(p):
-        return _program._stable_key(p, _Layout(p), jnp.float64, True)
+        return _program_key._stable_key(p, _Layout(p), jnp.float64, True)
 
     a, b = (recipes.free_body_problem(_torque_motion(), bias=False) for _ in range(2))
     assert key(a) is not None and key(a) == key(b)

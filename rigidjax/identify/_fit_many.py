@@ -17,7 +17,7 @@ from .. import so3
 from . import _across
 from . import observations as obs
 from ._problem_fit import _fit, _model_mask
-from ._program import _steps_part
+from ._program_key import _steps_part
 from ._problem_result import ProblemFit
 from ._result import FitStatus
 from .problem import Problem, _Layout
@@ -192,7 +192,7 @@ def _layout(problem: Problem):
 
 
 def _family(problem: Problem, layout, dtype):
-    """The program family of ``problem`` in :func:`fit_many` (:func:`_program._steps_part`);
+    """The program family of ``problem`` in :func:`fit_many` (:func:`_program_key._steps_part`);
     its sub-steps where it is refused (the fit of its part names the problem and why)."""
     try:
         return problem.substeps if isinstance(layout, ValueError) else _steps_part(problem, layout, dtype)

@@ -17,7 +17,8 @@ from ..rollout import rollout
 from . import _across, _lm
 from . import observations as obs
 from ._problem_result import ProblemFit, flat_values, result, value_names
-from ._program import _common_length, _evaluator, _steps_part, _structure, per_segment
+from ._program import _common_length, _evaluator, per_segment
+from ._program_key import _steps_part, _structure
 from ._result import FitStatus
 from ._step_error import finer_residuals, refine_steps
 from .problem import Problem, _Layout

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..info import Status
 from . import _lm
-from ._program import _stable_key, _structure
+from ._program_key import _stable_key, _structure
 from ._stored import stored
 from ._result import FitStatus, pm
 from .observations import data_of, data_width
@@ -204,7 +204,7 @@ def flat_values(layout, x):
 
 
 #: Jitted :func:`_values_and_jacobian` and :func:`flat_values_of` per problem structure
-#: (:func:`rigidjax.identify._program._structure`).
+#: (:func:`rigidjax.identify._program_key._structure`).
 _VALUE_PROGRAMS: dict = {}
 
 

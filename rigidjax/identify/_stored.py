@@ -13,7 +13,7 @@ compilation cache 0.48 s; deserialise and load 0.15 s.
 What is stored: the evaluators and simulator of :func:`rigidjax.identify.fit_inertia`, and the
 programs of :func:`rigidjax.identify.fit` (residuals and Jacobian, the values' Jacobian) for a
 problem whose parts all have a description that holds across processes
-(:func:`rigidjax.identify._program._stable`: functions and classes of rigidjax or JAX, named
+(:func:`rigidjax.identify._program_key._stable`: functions and classes of rigidjax or JAX, named
 by module, name and line under the source fingerprint below; data by a digest of their
 bytes), e.g. every problem the command line builds (:mod:`rigidjax.identify.recipes`). A
 problem holding a function or class of the user's own (a ``where`` selector written in a
