@@ -50,3 +50,39 @@ def symlinks(tmp_path):
     except (OSError, NotImplementedError) as e:
         pytest.skip(f"cannot create symbolic links here: {e}")
     probe.unlink()
+
+
+#: Moments (kg m^2) of the calibration box of the slow interval-coverage tests.
+CALIBRATION_MOMENTS = (2e-3, 3e-3, 4e-3)
+
+
+@pytest.fixture
+def calibration_recording(tmp_path):
+    """``make(seed, **overrides) -> (segments, truth)``: a synthetic phyphox recording of 10
+    tosses of a box (moments :data:`CALIBRATION_MOMENTS`, spun about its intermediate axis at
+    6-9 rad/s), each toss seen through its own sensor misalignment (1-sigma 0.02 rad, not in
+    any model: per-window model error, as on the racquet), loaded back; ``truth`` the
+    ratios ``Ix/Iy``, ``Iz/Iy``. ``overrides``: more :func:`rigidjax.synthetic.synthesize_recording`
+    arguments (e.g. the drag)."""
+    from rigidjax.io import load_phyphox
+    from rigidjax.synthetic import synthesize_recording
+
+    M = CALIBRATION_MOMENTS
+
+    def make(seed: int, **overrides):
+        kw = dict(
+            moments=M,
+            misalignment=(0, 0, 0),
+            window_misalignment=0.02,
+            bias=(0, 0, 0),
+            n_tosses=10,
+            seed=seed,
+            spin_axis=1,
+            spin=(6.0, 9.0),
+            toss_duration=1.1,
+            rest=0.3,
+        )
+        rec = synthesize_recording(tmp_path / str(seed), **{**kw, **overrides})
+        return load_phyphox(rec["path"]), {"Ix/Iy": M[0] / M[1], "Iz/Iy": M[2] / M[1]}
+
+    return make

@@ -491,32 +491,16 @@ def test_no_start_beats_the_reported_minimum(racquet_dir, model):
 
 
 @pytest.mark.slow
-def test_intervals_cover_the_truth_under_per_window_model_error(tmp_path):
+def test_intervals_cover_the_truth_under_per_window_model_error(calibration_recording):
     """Calibration: 60 synthetic recordings of 10 tosses of a box (moments 2, 3, 4 g m^2),
     each toss with its own sensor misalignment (1-sigma 0.02 rad, not in the model) and its
     own drag (+-50 %, one drag in the joint model): the nominal 95 % intervals (per-window
     median and joint) must cover the truth 90-99 % of the time (measured: 93 / 97 % per
     window, 95 / 95 % joint for Ix/Iy / Iz/Iy). Binomial sampling error at 60 seeds and 95 %:
     +-2.8 %. (~3.5 min; ``pytest -m slow``.)"""
-    M = (2e-3, 3e-3, 4e-3)
-    truth = {"Ix/Iy": M[0] / M[1], "Iz/Iy": M[2] / M[1]}
     hits = {"per": [], "joint": []}
     for seed in range(60):
-        tr = synthesize_recording(
-            tmp_path / str(seed),
-            moments=M,
-            misalignment=(0, 0, 0),
-            window_misalignment=0.02,
-            drag=2e-4,
-            drag_spread=0.5,
-            bias=(0, 0, 0),
-            n_tosses=10,
-            seed=seed,
-            spin_axis=1,
-            spin=(6.0, 9.0),
-            **TOSS,
-        )
-        segs = load_phyphox(tr["path"])
+        segs, truth = calibration_recording(seed, drag=2e-4, drag_spread=0.5)
         for mode, joint in (("per", False), ("joint", True)):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
