@@ -228,3 +228,41 @@ def test_substeps_per_segment():
     for bad in ((1,), (1, 0), (1, 2.0), (True, 2)):
         with pytest.raises(ValueError, match="one per segment"):
             dataclasses.replace(_problem(), substeps=bad)
+
+
+def test_fit_many_refuses_before_fitting(monkeypatch):
+    """``fit_many``'s problems share one structure, sub-steps aside, also where the rate path and
+    the whole state fall into programs of their own: a problem with another observation, or
+    a start its transform refuses, is named before anything is fitted (with and without
+    ``groups``); a 0-d array of sub-steps is that count."""
+    from rigidjax.identify import _fit_many
+
+    monkeypatch.setattr(_fit_many, "_fit", lambda *a, **k: pytest.fail("fitted before the problems were checked"))
+    fast = _problem()
+    other = _problem(observations=[obs.AngularVelocity(sigma=0.01), obs.Position(key="omega", sigma=0.01)])
+    negative = {
+        "moments": identify.Parameter(lambda m: m.inertia, tr.Positive(), into=jnp.diag, start=np.array([-1.0, 2, 3]))
+    }
+    for groups in (None, ["a", "a"]):
+        with pytest.raises(ValueError, match=r"problems\[1\] differs from problems\[0\] in its "):
+            identify.fit_many([fast, other], groups=groups)
+        with pytest.raises(ValueError, match=r"fit_many: problems\[1\]: Parameter 'moments'"):
+            identify.fit_many([fast, _problem(parameters=negative)], groups=groups)
+    assert dataclasses.replace(fast, substeps=np.array(3)).substeps == 3
+
+
+def test_known_inputs_are_part_of_the_program_key():
+    """Whether a program rolls out the rate alone depends on the known inputs (a wrench array
+    or not), so their structure is part of the program's key: a problem without inputs and
+    one with a (n - 1, 6) wrench never share a program or its remembered rollout path
+    (a cached path once leaked between such problems: the whole state ran where the rate
+    alone was due)."""
+    with_u = _problem()
+    without = dataclasses.replace(with_u, segments=[dataclasses.replace(s, inputs=None) for s in with_u.segments])
+    k1, k2 = (_program_key._structure(p, _Layout(p), jnp.float64) for p in (with_u, without))
+    assert k1 != k2 and k1[:8] == k2[:8] and k1[-1] is None and k2[-1] is None
+    listed = dataclasses.replace(
+        with_u, segments=[dataclasses.replace(s, inputs=[np.asarray(s.inputs)]) for s in with_u.segments]
+    )
+    k3 = _program_key._structure(listed, _Layout(listed), jnp.float64)
+    assert k3[:-1] != k1[:-1] and k3[-1] == listed.substeps  # a list of wrenches: the whole state

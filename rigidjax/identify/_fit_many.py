@@ -16,7 +16,7 @@ import numpy as np
 from .. import so3
 from . import _across
 from . import observations as obs
-from ._problem_fit import _fit, _model_mask
+from ._problem_fit import _check_same_structure, _fit, _model_mask, in_dtype
 from ._program_key import _steps_part
 from ._problem_result import ProblemFit
 from ._result import FitStatus
@@ -111,10 +111,17 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
     W = len(problems)
     one_body = groups is not None
 
+    # the problems' layouts and structure first (one structure, sub-steps aside): a refused
+    # problem is named before anything is fitted
+    typed = in_dtype(problems, dtype)
+    layouts = [_layout(p) for p in typed]
+    for i, lay in enumerate(layouts):
+        if isinstance(lay, ValueError):
+            raise ValueError(f"fit_many: problems[{i}]: {lay}")
+    _check_same_structure(typed, layouts, dtype, "fit_many", substeps=False)
     # one program per family: problems whose rate is rolled out alone take their sub-steps as
     # data (one family); the others one per sub-step count
-    layouts = [_layout(p) for p in problems]
-    family = [_family(p, lay, dtype) for p, lay in zip(problems, layouts)]
+    family = [_family(p, lay, dtype) for p, lay in zip(typed, layouts)]
     refit_of = {}  # family -> (the part's windows, its refit through the part's program)
     options = (spread, seed, max_steps, dtype, pad_to, step_check)
 
@@ -139,16 +146,6 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
     if not one_body:
         found = fit_parts(range(W), starts)
         return [found[w] for w in range(W)]
-    for i, lay in enumerate(layouts):
-        if isinstance(lay, ValueError):
-            raise ValueError(f"fit_many: problems[{i}]: {lay}")
-    kinds = [[(k, n, size) for k, n, _, _, _, size in lay.slots] + [lay.S, lay.nz] for lay in layouts]
-    for i in range(1, W):
-        if kinds[i] != kinds[0]:
-            raise ValueError(
-                f"fit_many: problems[{i}] has other unknowns than problems[0] ({kinds[i]} against {kinds[0]}): "
-                "windows of one body (groups) share their model parameters"
-            )
 
     found = fit_parts(range(W), starts)
     out = [found[w] for w in range(W)]
@@ -195,7 +192,7 @@ def _family(problem: Problem, layout, dtype):
     """The program family of ``problem`` in :func:`fit_many` (:func:`_program_key._steps_part`);
     its sub-steps where it is refused (the fit of its part names the problem and why)."""
     try:
-        return problem.substeps if isinstance(layout, ValueError) else _steps_part(problem, layout, dtype)
+        return _steps_part(problem, layout, dtype)
     except ValueError:
         return problem.substeps
 

@@ -93,6 +93,7 @@ _STRUCTURE_PARTS = (
     "initial state",
     "stepper",
     "signal map",
+    "known inputs",
     "segment count",
     "evaluation dtype",
     "program kind",
@@ -132,9 +133,7 @@ def _fit(
         raise ValueError(f"{name}: dtype float64 needs jax.config.update('jax_enable_x64', True) (or pass float32)")
     if pad_to is not None and not (isinstance(pad_to, (int, np.integer)) and pad_to >= 3):
         raise ValueError(f"{name}: pad_to must be None or an integer >= 3; got {pad_to!r}")
-    # the model in the evaluation dtype (a float64 model fitted in float32, and vice versa)
-    cast = lambda a: jnp.asarray(a, dtype) if eqx.is_inexact_array(a) else a  # noqa: E731
-    problems = [dataclasses.replace(p, model=jax.tree_util.tree_map(cast, p.model)) for p in problems]
+    problems = in_dtype(problems, dtype)
     layouts = []
     for i, p in enumerate(problems):
         try:
@@ -288,10 +287,17 @@ def _failed(problem, layout, x0, starts, message, dtype) -> ProblemFit:
     )
 
 
-def _check_same_structure(problems, layouts, dtype, name) -> None:
-    """Every problem has the first one's compiled-program structure (:func:`_structure`), the
-    same data widths and the same shapes of state and inputs; else ``ValueError`` naming the
-    problem and the part."""
+def in_dtype(problems, dtype) -> list:
+    """``problems`` with their models in the evaluation dtype (a float64 model fitted in
+    float32, and vice versa)."""
+    cast = lambda a: jnp.asarray(a, dtype) if eqx.is_inexact_array(a) else a  # noqa: E731
+    return [dataclasses.replace(p, model=jax.tree_util.tree_map(cast, p.model)) for p in problems]
+
+
+def _check_same_structure(problems, layouts, dtype, name, substeps: bool = True) -> None:
+    """Every problem has the first one's compiled-program structure (:func:`_structure`; its
+    sub-steps too unless ``substeps`` is False), the same data widths and the same shapes of
+    state and inputs; else ``ValueError`` naming the problem and the part."""
     if len(problems) == 1:
         return
     key0 = _structure(problems[0], layouts[0], dtype)
@@ -313,7 +319,7 @@ def _check_same_structure(problems, layouts, dtype, name) -> None:
     shapes0 = shapes(problems[0])
     for i, (p, lay) in enumerate(zip(problems[1:], layouts[1:]), 1):
         key = _structure(p, lay, dtype)
-        if key != key0:
+        if (key if substeps else key and key[:-1]) != (key0 if substeps else key0[:-1]):
             part = next((what for what, a, b in zip(_STRUCTURE_PARTS, key0, key or ()) if a != b), "structure")
             raise ValueError(f"{name}: problems[{i}] differs from problems[0] in its {part}; fit it separately")
         if shapes(p) != shapes0:

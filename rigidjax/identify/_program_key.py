@@ -92,6 +92,16 @@ def _unit_sigma(observations) -> tuple:
     return tuple(dataclasses.replace(o, sigma=1.0) if _sigma_as_data(o) else o for o in observations)
 
 
+def _inputs_kind(problem):
+    """The known inputs' tree structure and per-sample shapes (``None`` without inputs): part
+    of the key, as the rollout a program runs depends on them (:func:`_rate_step`)."""
+    u = problem.segments[0].inputs
+    if u is None:
+        return None
+    leaves, treedef = jax.tree_util.tree_flatten(u)
+    return treedef, tuple(np.shape(a)[1:] for a in leaves)
+
+
 def _keyed_model(problem):
     """``problem.model`` with every fitted leaf (what a parameter's ``where`` selects) zeroed:
     the program overwrites those leaves (``_Layout.model``), so their start values are not part
@@ -121,6 +131,7 @@ def _structure(problem, layout, dtype, jacobian: bool = True):
         _freeze(problem.initial),
         _freeze(problem.stepper),
         _freeze(problem.signals),
+        _inputs_kind(problem),
         layout.S,
         jnp.dtype(dtype).name,
         jacobian,
@@ -261,6 +272,7 @@ def _stable_key(problem, layout, dtype, jacobian):
                 problem.initial,
                 problem.stepper,
                 problem.signals,
+                _inputs_kind(problem),
                 _steps_part(problem, layout, dtype),
                 layout.S,
                 jnp.dtype(dtype).name,

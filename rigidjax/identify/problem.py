@@ -253,8 +253,8 @@ class Problem:
         if not self.segments:
             raise ValueError("Problem: no segments")
         k = self.substeps
-        if isinstance(k, np.ndarray) and k.ndim == 1:
-            k = tuple(k.tolist())
+        if isinstance(k, np.ndarray) and k.ndim <= 1:
+            k = k.item() if k.ndim == 0 else tuple(k.tolist())
         if isinstance(k, (list, tuple)):
             if len(k) != len(self.segments) or not all(
                 isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1 for v in k
@@ -322,8 +322,9 @@ def _check_parameter(name: str, p: Parameter, model):
         value = p.transform.forward(jnp.asarray(u), like)
         if p.into is not None:
             value = p.into(value)
-    except Exception as e:  # bad start value or shape: say which parameter
-        raise ValueError(f"Parameter {name!r}: {type(e).__name__}: {e}") from None
+    except Exception as e:  # bad start value or shape: say which parameter (and what failed, unless a ValueError)
+        why = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+        raise ValueError(f"Parameter {name!r}: {why}") from None
     shapes = [np.shape(a) for a in jax.tree_util.tree_leaves(value)]
     want = [np.shape(a) for a in jax.tree_util.tree_leaves(target)]
     if shapes != want:
