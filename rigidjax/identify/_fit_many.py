@@ -16,7 +16,7 @@ import numpy as np
 from .. import so3
 from . import _across
 from . import observations as obs
-from ._problem_fit import _check_same_structure, _fit, _model_mask, in_dtype
+from ._problem_fit import _check_same_structure, _check_substeps, _fit, _model_mask, in_dtype
 from ._program_key import _steps_part
 from ._problem_result import ProblemFit
 from ._result import FitStatus
@@ -118,10 +118,11 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
     for i, lay in enumerate(layouts):
         if isinstance(lay, ValueError):
             raise ValueError(f"fit_many: problems[{i}]: {lay}")
+    _check_substeps(typed, layouts, dtype, "fit_many")
     _check_same_structure(typed, layouts, dtype, "fit_many", substeps=False)
     # one program per family: problems whose rate is rolled out alone take their sub-steps as
     # data (one family); the others one per sub-step count
-    family = [_family(p, lay, dtype) for p, lay in zip(typed, layouts)]
+    family = [_steps_part(p, lay, dtype) for p, lay in zip(typed, layouts)]
     refit_of = {}  # family -> (the part's windows, its refit through the part's program)
     options = (spread, seed, max_steps, dtype, pad_to, step_check)
 
@@ -186,15 +187,6 @@ def _layout(problem: Problem):
         return _Layout(problem)
     except ValueError as e:
         return e
-
-
-def _family(problem: Problem, layout, dtype):
-    """The program family of ``problem`` in :func:`fit_many` (:func:`_program_key._steps_part`);
-    its sub-steps where it is refused (the fit of its part names the problem and why)."""
-    try:
-        return _steps_part(problem, layout, dtype)
-    except ValueError:
-        return problem.substeps
 
 
 def _consensus_starts(out, layouts, groups, bad, good, seed, spread) -> dict:

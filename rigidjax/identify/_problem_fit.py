@@ -140,11 +140,7 @@ def _fit(
             layouts.append(_Layout(p))
         except ValueError as e:  # bad start values or bounds: an input error, named per problem
             raise ValueError(f"{name}: problems[{i}]: {e}" if len(problems) > 1 else str(e)) from None
-    for i, (p, lay) in enumerate(zip(problems, layouts)):
-        try:
-            _steps_part(p, lay, dtype)  # per-segment sub-steps on a whole-state program: refused
-        except ValueError as e:
-            raise ValueError(f"{name}: problems[{i}]: {e}" if len(problems) > 1 else str(e)) from None
+    _check_substeps(problems, layouts, dtype, name)
     layout = layouts[0]
     _check_signals(problems[0], layout, dtype)
     _check_same_structure(problems, layouts, dtype, name)
@@ -292,6 +288,16 @@ def in_dtype(problems, dtype) -> list:
     float32, and vice versa)."""
     cast = lambda a: jnp.asarray(a, dtype) if eqx.is_inexact_array(a) else a  # noqa: E731
     return [dataclasses.replace(p, model=jax.tree_util.tree_map(cast, p.model)) for p in problems]
+
+
+def _check_substeps(problems, layouts, dtype, name) -> None:
+    """Each problem's sub-steps suit its program (per-segment counts need the rate alone:
+    :func:`~rigidjax.identify._program_key._steps_key`); else ``ValueError`` naming it."""
+    for i, (p, lay) in enumerate(zip(problems, layouts)):
+        try:
+            _steps_part(p, lay, dtype)
+        except ValueError as e:
+            raise ValueError(f"{name}: problems[{i}]: {e}" if len(problems) > 1 else str(e)) from None
 
 
 def _check_same_structure(problems, layouts, dtype, name, substeps: bool = True) -> None:
