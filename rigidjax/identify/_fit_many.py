@@ -131,10 +131,19 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
         for k in dict.fromkeys(family[w] for w in ws):
             # ordered by sub-steps: a call's rows run the most sub-steps among them
             idx = sorted((w for w in ws if family[w] == k), key=lambda w: np.max(problems[w].substeps))
-            part = [problems[w] for w in idx]
+            part = [typed[w] for w in idx]
             hook = []
             try:
-                fits = _fit(part, n_starts, *options, False, "fit_many", not one_body, refits=hook)
+                fits = _fit(
+                    part,
+                    n_starts,
+                    *options,
+                    False,
+                    "fit_many",
+                    not one_body,
+                    refits=hook,
+                    laid_out=(part, [layouts[w] for w in idx]),
+                )
             except ValueError as e:  # name the problems by their place in the call
                 msg = str(e)
                 if len(idx) == 1 and not msg.startswith("fit_many:"):  # a part of one problem: unnamed

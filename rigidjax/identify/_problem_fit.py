@@ -114,13 +114,16 @@ def _fit(
     name,
     sigma_rule=True,
     refits=None,
+    laid_out=None,
 ):
     """The fit of :func:`fit` and :func:`~rigidjax.identify.fit_many`. ``sigma_rule``: see
     :func:`~rigidjax.identify._problem_result.result`. ``refits``: a list to which the fit
     appends ``refit(ws, given) -> {w: ProblemFit}``, a refit of its problems ``ws`` from the
     start points ``given[w] (n, P)`` (every start :data:`_across.RESCUE_FIRST_STEPS`
     iterations, the :data:`_across.RESCUE_KEEP` lowest of each problem to the end) through the
-    same compiled program (fit_many's refit of suspect windows: no compilation)."""
+    same compiled program (fit_many's refit of suspect windows: no compilation). ``laid_out``:
+    ``(problems in dtype, their layouts)`` already checked (layouts, sub-steps, one structure)
+    by the caller, which :func:`~rigidjax.identify.fit_many` does for all its problems at once."""
     if not isinstance(starts, (int, np.integer)) or starts < 1:
         raise ValueError(f"{name}: starts must be an integer >= 1; got {starts!r}")
     if not spread >= 0:
@@ -133,17 +136,20 @@ def _fit(
         raise ValueError(f"{name}: dtype float64 needs jax.config.update('jax_enable_x64', True) (or pass float32)")
     if pad_to is not None and not (isinstance(pad_to, (int, np.integer)) and pad_to >= 3):
         raise ValueError(f"{name}: pad_to must be None or an integer >= 3; got {pad_to!r}")
-    problems = in_dtype(problems, dtype)
-    layouts = []
-    for i, p in enumerate(problems):
-        try:
-            layouts.append(_Layout(p))
-        except ValueError as e:  # bad start values or bounds: an input error, named per problem
-            raise ValueError(f"{name}: problems[{i}]: {e}" if len(problems) > 1 else str(e)) from None
-    _check_substeps(problems, layouts, dtype, name)
+    if laid_out is None:
+        problems = in_dtype(problems, dtype)
+        layouts = []
+        for i, p in enumerate(problems):
+            try:
+                layouts.append(_Layout(p))
+            except ValueError as e:  # bad start values or bounds: an input error, named per problem
+                raise ValueError(f"{name}: problems[{i}]: {e}" if len(problems) > 1 else str(e)) from None
+        _check_substeps(problems, layouts, dtype, name)
+        _check_same_structure(problems, layouts, dtype, name)
+    else:  # checked by the caller (fit_many)
+        problems, layouts = laid_out
     layout = layouts[0]
     _check_signals(problems[0], layout, dtype)
-    _check_same_structure(problems, layouts, dtype, name)
     N = _common_length(problems, pad_to)
     stacked, run, evaluate, run_one = _evaluator(problems, layout, dtype, N, starts)
     W = len(problems)
