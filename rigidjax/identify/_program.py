@@ -283,7 +283,12 @@ def _put(a, mesh, rows: bool):
 #: Measured on the 69 shared racquet flips (one problem each, 4 starts, 128 samples, bias and
 #: initial rate; 2-core VM): 105 evaluations, 83 of them of under 64 of the 276 rows; padded to
 #: 276 rows they took 6.7 s, in calls of 32 rows 2.0 s. One call shape also compiles one program
-#: where padding compiled one per row count (all rows, and one problem's starts).
+#: where padding compiled one per row count (all rows, and one problem's starts). Why not a
+#: second, small shape for the few rows at a fit's end (as fit_inertia's lanes,
+#: :func:`rigidjax.identify._model.lane_chunks`): measured on the 69 flips with ``groups``
+#: (sub-steps 1, 2, 4; 3 programs), rests of at most 4 rows in calls of 4 made the warm fit
+#: 2.7 -> 2.5 s wall (4.3 -> 3.5 s CPU) and the first 13.9 -> 22.3 s (each program compiled
+#: twice): a compilation costs what ~700 such calls save.
 CHUNK_ROWS = 32
 
 
