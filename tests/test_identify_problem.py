@@ -735,14 +735,8 @@ def test_fit_many_equals_one_by_one_and_keeps_the_others():
         identify.fit_many([])
 
 
-def test_fit_many_takes_each_windows_sigma_and_substeps():
-    """Windows with their own noise levels (sigma enters the program as data) and their own
-    sub-step counts (data too: a gyroscope-only problem rolls out the rate alone) in one
-    ``fit_many`` call give each window's own ``fit`` (equal to 1e-9: the round-off of a
-    differently batched evaluation); the windows share one compiled program."""
-    from rigidjax.identify._program_key import _structure
-    from rigidjax.identify.problem import _Layout
-
+def _windows_of_own_sigma_and_substeps():
+    """Three gyroscope windows, each with its own length, noise level and sub-step count."""
     rng = np.random.default_rng(5)
     problems = []
     for n, sigma, k in ((60, 1e-3, 1), (50, 3e-3, 1), (45, 2e-3, 2)):
@@ -751,6 +745,18 @@ def test_fit_many_takes_each_windows_sigma_and_substeps():
             t=seg.t, data={"omega": seg.data["omega"] + sigma * rng.standard_normal((n, 3))}, state0=seg.state0
         )
         problems.append(_problem([noisy], observations=[obs.AngularVelocity(bias=False, sigma=sigma)], substeps=k))
+    return problems
+
+
+def test_fit_many_takes_each_windows_sigma_and_substeps():
+    """Windows with their own noise levels (sigma enters the program as data) and their own
+    sub-step counts (data too: a gyroscope-only problem rolls out the rate alone) in one
+    ``fit_many`` call give each window's own ``fit`` (equal to 1e-9: the round-off of a
+    differently batched evaluation); the windows share one compiled program."""
+    from rigidjax.identify._program_key import _structure
+    from rigidjax.identify.problem import _Layout
+
+    problems = _windows_of_own_sigma_and_substeps()
     many = identify.fit_many(problems, starts=2, pad_to=60)
     for p, f in zip(problems, many):
         one = identify.fit(p, starts=2, pad_to=60)
@@ -761,6 +767,25 @@ def test_fit_many_takes_each_windows_sigma_and_substeps():
         assert f.substeps >= p.substeps
     key = [_structure(p, _Layout(p), jnp.float64) for p in problems]
     assert key[0] == key[1] == key[2]
+
+
+def test_normal_equations_formed_in_the_program_give_the_same_fit(monkeypatch):
+    """A float64 fit forms ``J^T J`` and ``J^T r`` in a program of its own where the Jacobian
+    of a call is large (or rows are split over devices), else on the host from the Jacobian
+    program. Both ways give one fit: values, errors and residuals to 1e-9 (round-off of the
+    products' order; the optimiser's path is the same: equal iteration counts)."""
+    from rigidjax.identify import _program
+
+    problems = _windows_of_own_sigma_and_substeps()
+    host = identify.fit_many(problems, starts=2, pad_to=60)
+    monkeypatch.setattr(_program, "NORMAL_ENTRIES", 0)  # every call "large": the normal program
+    formed = identify.fit_many(problems, starts=2, pad_to=60)
+    for a, b in zip(host, formed):
+        assert a.status == b.status == identify.FitStatus.CONVERGED, (a.message, b.message)
+        np.testing.assert_allclose(a.values["ratios"], b.values["ratios"], rtol=1e-9)
+        np.testing.assert_allclose(a.se["ratios"], b.se["ratios"], rtol=1e-9)
+        np.testing.assert_allclose(a.rms, b.rms, rtol=1e-9)
+        assert a.iterations == b.iterations
 
 
 def _one_body_windows(seed=3, n=100):

@@ -292,6 +292,16 @@ def _put(a, mesh, rows: bool):
 CHUNK_ROWS = 32
 
 
+#: Jacobian entries per call (rows x samples x 3 x unknowns) above which a float64 fit on one
+#: device forms ``J^T J`` in a program of its own (see :func:`_evaluator`). Below it the
+#: Jacobian program serves the optimiser too. Measured on the 69 shared racquet flips
+#: (``fit_many`` with ``groups``, 32 rows x 128 samples x 3 x 5 unknowns = 61k entries per
+#: call; 2-core VM, two runs each): first call 14.5-16.0 -> 10.5-11.1 s wall, 19.5-20.2 ->
+#: 14.5-14.7 s CPU (the normal-equation program's tracing and compilation gone); warm fit
+#: within the VM's noise (2.8-3.6 against 3.1-3.8 s wall).
+NORMAL_ENTRIES = 4e6
+
+
 def _chunked(fn, X, which, rows: int):
     """``fn(X, which)`` in calls of ``rows`` rows (the last padded with copies of its first
     row), dispatched before any result is read; the outputs concatenated (NumPy)."""
@@ -320,15 +330,17 @@ def _evaluator(problems, layout, dtype, N: int, starts: int):
     batch = len(problems) * starts
     rows = min(batch, max(starts, CHUNK_ROWS))
     call = _caller(jac_all, arrays, dtype)
-    # float64 with several problems or a large Jacobian: J^T J and J^T r formed in the program
-    # (what the optimiser needs: (P, P) per row instead of the (m, P) Jacobian, m = samples x
+    # float64 with a large Jacobian per call, or rows split over several devices (each
+    # process receives every row's result): J^T J and J^T r formed in the program (what the
+    # optimiser needs: (P, P) per row instead of the (m, P) Jacobian, m = samples x
     # components); otherwise from the Jacobian on the host, in float64 (float32: J^T J squares
-    # the condition number): one program fewer to trace and compile (test (d), the EP pendulum:
-    # ~70 s of a ~165 s fit), for a transfer of at most ~32 MB per iteration (3 components
-    # per sample taken as the estimate of m)
+    # the condition number), through the Jacobian program the results need anyway: one program
+    # fewer to trace and compile (test (d), the EP pendulum: ~70 s of a ~165 s fit; the 69
+    # racquet flips in fit_many: see NORMAL_ENTRIES), for a transfer of at most ~32 MB per call
+    # (3 components per sample taken as the estimate of m)
     normal = None
-    big = rows * N * 3 * len(layout.lo) > 4e6
-    if jnp.dtype(dtype) == jnp.float64 and (len(problems) > 1 or big):
+    big = rows * N * 3 * len(layout.lo) > NORMAL_ENTRIES
+    if jnp.dtype(dtype) == jnp.float64 and (big or _devices() is not None):
         normal = _caller(_program(problems[0], layout, dtype, jacobian="normal"), arrays, dtype)
 
     def run(X, which):
