@@ -17,10 +17,10 @@ from ..rollout import rollout
 from . import _across, _lm
 from . import observations as obs
 from ._problem_result import ProblemFit, flat_values, result, value_names
-from ._program import _common_length, _evaluator, per_segment
+from ._program import _common_length, _evaluator, call_rows, per_segment
 from ._program_key import _steps_part, _structure
 from ._result import FitStatus
-from ._step_error import finer_residuals, refine_steps
+from ._step_error import finer_caller, refine_steps
 from .problem import Problem, _Layout
 
 __all__ = ["fit"]
@@ -184,7 +184,10 @@ def _fit(
     at_best_eval = run(st["x"][rows], np.arange(W))
 
     # the step check's residuals at twice the steps, at every problem's optimum in one call
-    finer = finer_residuals(problems, layout, dtype, N, st["x"][rows]) if step_check != "off" and W > 1 else None
+    # (and of a refit's problems, through the same program; where the rate is rolled out
+    # alone, the fit's Jacobian program in calls of the fit's rows)
+    finer_at = finer_caller(problems, layout, dtype, N, call_rows(W, starts)) if step_check != "off" else None
+    finer = finer_at(st["x"][rows], np.arange(W)) if finer_at is not None else None
 
     def finish(w, st_, row, at_best, n_starts, one, first=False):
         """The result of problem ``w`` at row ``row`` of the optimiser's state ``st_``
@@ -193,7 +196,12 @@ def _fit(
         x, g = st_["x"][row], st_["g"][row]
         res = result(problem, lay, stacked[w], one, x, st_, row, at_best, n_starts, dtype, sigma_rule)
         if step_check != "off":
-            known = (finer[0][w], bool(finer[1][w])) if first and finer is not None else None
+            known = None
+            if first and finer is not None:
+                known = (finer[0][w], bool(finer[1][w]))
+            elif finer_at is not None:
+                r_2k, ok = finer_at(x[None], np.array([w]))
+                known = (r_2k[0], bool(ok[0]))
             res, x, g = refine_steps(
                 problem, lay, res, one, x, g, dtype, N, max_steps, step_check == "refine", sigma_rule, known
             )

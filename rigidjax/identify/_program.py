@@ -317,6 +317,12 @@ def _chunked(fn, X, which, rows: int):
     return [np.concatenate(p) for p in zip(*parts)]
 
 
+def call_rows(problems: int, starts: int) -> int:
+    """Rows per call of a fit's programs (:func:`_evaluator`): :data:`CHUNK_ROWS`, at least
+    ``starts`` (one problem's starts in one call), at most every start of every problem."""
+    return min(problems * starts, max(starts, CHUNK_ROWS))
+
+
 def _evaluator(problems, layout, dtype, N: int, starts: int):
     """``(stacked, run, evaluate, run_one)`` of ``problems`` (one structure, see
     :func:`_program`; ``layout`` of the first), padded to ``N`` samples: ``stacked`` per
@@ -327,8 +333,7 @@ def _evaluator(problems, layout, dtype, N: int, starts: int):
     every start of every problem): one compiled program whatever the number of points."""
     stacked, arrays = _stack_many(problems, dtype, N)
     jac_all = _program(problems[0], layout, dtype)
-    batch = len(problems) * starts
-    rows = min(batch, max(starts, CHUNK_ROWS))
+    rows = call_rows(len(problems), starts)
     call = _caller(jac_all, arrays, dtype)
     # float64 with a large Jacobian per call, or rows split over several devices (each
     # process receives every row's result): J^T J and J^T r formed in the program (what the

@@ -38,6 +38,7 @@ from ..info import Status
 from . import _lm
 from ._problem_result import flat_values_of, result
 from ._program import CHUNK_ROWS, _caller, _chunked, _evaluator, _program, _stack_many, doubled
+from ._program_key import _steps_part
 from ._result import FitStatus
 
 #: A step-error shift of any fitted value above this many standard errors makes :func:`fit`
@@ -77,15 +78,33 @@ def shift(r_k: np.ndarray, r_2k: np.ndarray, J: np.ndarray, x: np.ndarray, value
     return np.where(ok, dv / np.where(ok, se, 1.0), 0.0)
 
 
-def finer_residuals(problems, layout, dtype, N, X) -> tuple[np.ndarray, np.ndarray]:
-    """``(r_2k, ok)``: the weighted residuals of every problem ``w`` at ``X[w]`` with twice its
-    sub-steps, in one call of one program (``ok``: every step succeeded); the first check of
-    :func:`refine_steps` of a fit's problems, batched (one call per window: ~6 ms each)."""
+def finer_caller(problems, layout, dtype, N, rows: int | None = None):
+    """``finer(X, which) -> (r_2k, ok)``: the weighted residuals of problems ``which`` at the
+    points ``X`` with twice their sub-steps (``ok``: every step succeeded), through one
+    program over all of ``problems``' data in calls of ``rows`` rows (default: the problems,
+    at most :data:`CHUNK_ROWS`): the first check of :func:`refine_steps` of a fit's
+    problems, batched (one call per window: ~6 ms each), and later checks of single problems
+    of that fit (a refit) without a program compiled for them alone. Where the rate is rolled
+    out alone (sub-steps are data, :func:`~rigidjax.identify._program_key._steps_key`) the
+    fit's own Jacobian program serves (``rows``: the fit's), so that the check compiles
+    nothing (the 69 racquet flips: ~1.5 s of tracing and compilation); else a program of
+    residuals alone at the doubled steps."""
     finer = [dataclasses.replace(p, substeps=doubled(p.substeps)) for p in problems]
     _, arrays = _stack_many(finer, dtype, N)
-    call = _caller(_program(finer[0], layout, dtype, jacobian=False), arrays, dtype)
-    r_2k, status = _chunked(call, np.asarray(X), np.arange(len(problems)), min(len(problems), CHUNK_ROWS))
-    return np.asarray(r_2k, float), np.all(np.asarray(status) == Status.SUCCESS, axis=1)
+    rate_alone = _steps_part(finer[0], layout, dtype) is None
+    call = _caller(_program(finer[0], layout, dtype, jacobian=rate_alone), arrays, dtype)
+    rows = min(len(problems), CHUNK_ROWS) if rows is None else rows
+
+    def at(X, which):
+        r_2k, status = _chunked(call, np.asarray(X), np.asarray(which), rows)[:2]
+        return np.asarray(r_2k, float), np.all(np.asarray(status) == Status.SUCCESS, axis=1)
+
+    return at
+
+
+def finer_residuals(problems, layout, dtype, N, X) -> tuple[np.ndarray, np.ndarray]:
+    """``(r_2k, ok)`` of every problem ``w`` at ``X[w]`` (see :func:`finer_caller`)."""
+    return finer_caller(problems, layout, dtype, N)(X, np.arange(len(problems)))
 
 
 def _step_shift(problem, layout, out, run, x, dtype, N, finer=None) -> np.ndarray:
