@@ -97,7 +97,7 @@ def run_motion(args, path) -> int:
     print(f"{Path(path).name}: {kinds}")
     print(result)
     if "ratios" in result.values:
-        print("  (torque-free motion fixes only ratios: Iy/Ix, Iz/Ix; add tau_x,tau_y,tau_z columns for kg m^2)")
+        print("  (torque-free motion fixes only ratios: Ix/Iy, Iz/Iy; add tau_x,tau_y,tau_z columns for kg m^2)")
     if args.json:
         try:
             doc = {"file": str(path), "data": kinds, **result.to_dict()}

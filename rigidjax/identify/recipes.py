@@ -4,8 +4,12 @@ r"""Ready-made :class:`rigidjax.identify.Problem`\ s for common recordings.
 body seen by a gyroscope, motion capture and/or a position tracker) into a problem for
 :func:`rigidjax.identify.fit`, with start values from the data:
 
-* inertia: principal moments along the body axes; absolute (kg m^2) when the recording has
-  known torques, else ratios with ``Ix = 1`` (torque-free motion fixes only ratios). The start
+* inertia: principal moments along the body axes, physically valid at every iterate
+  (triangle inequalities included; a thin plate's face reached exactly): absolute (kg m^2,
+  :class:`~rigidjax.identify.transforms.PrincipalMoments`) when the recording has known
+  torques, else the ratios ``Ix/Iy, Iz/Iy`` (``Iy = 1``,
+  :class:`~rigidjax.identify.transforms.MomentRatios`, as
+  :func:`~rigidjax.identify.fit_inertia`'s; torque-free motion fixes only ratios). The start
   is the equation-error estimate (``I omega_dot = tau + (I omega) x omega`` solved in the least
   squares sense for the diagonal ``I``, with the rates from the gyroscope or from the
   orientation's finite differences), or ``(1, 1.5, 2)`` where that is not physical;
@@ -36,7 +40,7 @@ from ..midpoint import Midpoint
 from ._derived import FitError
 from . import observations as obs
 from .problem import FreeBodyInitial, MeasuredSegment, Parameter, Problem
-from .transforms import Positive, Real
+from .transforms import MomentRatios, PrincipalMoments, Real
 
 __all__ = ["free_body_problem", "noise_level", "rates_from_orientation", "MAX_RATE", "MAX_SAMPLE_INTERVAL"]
 
@@ -97,8 +101,13 @@ def _moments_start(t, omega, torque) -> np.ndarray:
     return scale * np.array([1.0, 1.5, 2.0])
 
 
-def _ratios(v):
-    return jnp.diag(jnp.concatenate([jnp.ones((1,), v.dtype), v]))
+def _inside(transform, start, fallback):
+    """``start`` where ``transform`` takes it (inside its box), else ``fallback``."""
+    try:
+        transform.inverse(start)
+    except ValueError:
+        return fallback
+    return start
 
 
 def free_body_problem(
@@ -120,8 +129,11 @@ def free_body_problem(
         substeps: steps per sample interval; ``None``: from the fastest rotation (see module).
 
     Returns:
-        A :class:`rigidjax.identify.Problem`: parameters ``moments`` (kg m^2, with torques) or
-        ``ratios`` (``Iy/Ix, Iz/Ix``), and ``gravity`` where the position is measured.
+        A :class:`rigidjax.identify.Problem`: parameters ``moments`` (kg m^2, with torques;
+        :class:`~rigidjax.identify.transforms.PrincipalMoments`) or ``ratios`` (``Ix/Iy,
+        Iz/Iy``, as :func:`rigidjax.identify.fit_inertia`'s;
+        :class:`~rigidjax.identify.transforms.MomentRatios`), and ``gravity`` where the
+        position is measured.
     """
     t = np.asarray(motion.t, float)
     dt_med = float(np.median(np.diff(t)))
@@ -143,10 +155,15 @@ def free_body_problem(
     torque = motion.torque
     moments0 = _moments_start(t, omega, torque)
     params = {}
+    # the physically valid set as a box (second moments >= 0): a plate-like body's optimum
+    # may lie on its face, which the bounded optimiser reaches exactly
     if torque is not None:
-        params["moments"] = Parameter(lambda m: m.inertia, Positive(), into=jnp.diag, start=moments0)
+        params["moments"] = Parameter(
+            lambda m: m.inertia, PrincipalMoments(), into=PrincipalMoments.inertia, start=moments0
+        )
     else:
-        params["ratios"] = Parameter(lambda m: m.inertia, Positive(), into=_ratios, start=moments0[1:] / moments0[0])
+        ratios0 = _inside(MomentRatios(), moments0[[0, 2]] / moments0[1], np.array([1.0, 2.0]) / 1.5)
+        params["ratios"] = Parameter(lambda m: m.inertia, MomentRatios(), into=MomentRatios.inertia, start=ratios0)
     observations, fields = [], ["angular_velocity"]
     gravity0 = np.zeros(3)
     if motion.omega is not None:
@@ -182,7 +199,7 @@ def free_body_problem(
         substeps = max(1, math.ceil(float(np.max(np.linalg.norm(omega, axis=1)) * np.max(np.diff(t)) / 0.05)))
     segment = MeasuredSegment(t=t, data=data, state0=state0, inputs=inputs, name=motion.source)
     model = RigidBody(
-        1.0, jnp.diag(jnp.asarray(moments0 / moments0[0] if torque is None else moments0)), gravity=gravity0
+        1.0, jnp.diag(jnp.asarray(moments0 / moments0[1] if torque is None else moments0)), gravity=gravity0
     )
     return Problem(
         model=model,
