@@ -74,14 +74,17 @@ class AbstractStepper(eqx.Module):
         is none (the rollouts then run :meth:`__call__`)."""
         return None
 
-    def rate_step(self, model) -> Callable | None:
+    def rate_step(self, model, *, uncoupled: bool = False) -> Callable | None:
         """The step of the body angular velocity alone, where it evolves independently of the
         rest of the state on ``model`` (e.g. a free body: Euler's equations), or ``None``.
 
         ``rate_step(omega (3,), torque (3,) or None, dt) -> (omega', status)`` with the
         stepper's own numbers and status rule for ``omega'`` (round-off apart): a fit whose
         observations read only the body rate (:mod:`rigidjax.identify`) rolls it out instead
-        of the whole state, so its Jacobian carries 3 components instead of the state's 13."""
+        of the whole state, so its Jacobian carries 3 components instead of the state's 13.
+        ``uncoupled``: the caller states that the parts of ``model`` that could couple the
+        rate to the rest of the state are zero whatever their (traced) values, e.g. a fitted
+        angular drag (a stepper checks the statement at run time where it takes it)."""
         return None
 
 

@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..info import FAILURES, Status
 from ..rollout import rollout
-from ._program_key import _rate_step, _sigma_as_data, _stable_key, _structure, _unit_sigma
+from ._program_key import _rate_step, _sigma_as_data, _stable_key, _structure, _uncoupled, _unit_sigma
 from ._stored import stored
 from .observations import data_of, reads
 
@@ -169,6 +169,7 @@ def _residual_fn(problem, layout):
     at ~2x faster residuals and Jacobians than rolling out the whole state)."""
     k, nz, ng, S = problem.substeps, layout.nz, layout.n_global, layout.S
     sub = lambda a: jnp.repeat(a, k, axis=0)  # noqa: E731 (per sample interval -> per step)
+    uncoupled = _uncoupled(problem, layout)
 
     def residuals(arrays, x):
         t, dt, data, weights, state0, inputs, steps, ks = arrays
@@ -177,7 +178,7 @@ def _residual_fn(problem, layout):
         _, sensor = layout.values(x)
         Z = x[ng:].reshape(S, nz)
 
-        rate = _rate_step(problem, model)
+        rate = _rate_step(problem, model, uncoupled)
         observations = _unit_sigma(problem.observations)
 
         def one(z, s0, ts, dts, u, d, w, real, ki):

@@ -86,24 +86,40 @@ class Midpoint(AbstractStepper):
             native_batch=True,
         )
 
-    def rate_step(self, model):
+    def rate_step(self, model, *, uncoupled: bool = False):
         """The body-rate part of this step (see :meth:`rigidjax.stepper.AbstractStepper.rate_step`):
         :func:`rigidjax.midpoint.angular_velocity_step` with the step's validity, acceptance
         and rotation-limit rule, for a :class:`RigidBody` whose resistance does not couple
-        translation and rotation (its off-diagonal 3x3 blocks known to be zero: a resistance
-        being fitted, i.e. traced, gives ``None``). Gravity, applied forces and the attitude
-        then do not enter ``omega'``."""
-        if not isinstance(model, RigidBody) or isinstance(model.resistance, jax.core.Tracer):
+        translation and rotation (its off-diagonal 3x3 blocks zero). Gravity, applied forces
+        and the attitude then do not enter ``omega'``.
+
+        A concrete resistance is inspected: coupling blocks not zero give ``None``. A traced
+        resistance (being fitted) gives ``None`` unless ``uncoupled`` (the caller states that
+        those blocks are zero whatever the fitted values, e.g. a fitted angular drag
+        ``blockdiag(0, D)``: :mod:`rigidjax.identify` decides it from the parametrisation);
+        the step then takes the rotation block ``D = R[3:, 3:]`` and reports
+        :attr:`~rigidjax.Status.INVALID_INPUT` where the coupling blocks are not zero (a
+        statement that does not hold is a failed step, never a silently wrong ``omega'``)."""
+        if not isinstance(model, RigidBody):
             return None
-        R = np.asarray(model.resistance)
-        if R.ndim != 2 or np.any(R[:3, 3:]) or np.any(R[3:, :3]):
-            return None
+        R = model.resistance
+        coupling = None
+        if isinstance(R, jax.core.Tracer):
+            if not uncoupled or R.ndim != 2:
+                return None
+            damping, coupling = R[3:, 3:], jnp.concatenate([R[:3, 3:], R[3:, :3]])
+        else:
+            R = np.asarray(R)
+            if R.ndim != 2 or np.any(R[:3, 3:]) or np.any(R[3:, :3]):
+                return None
+            damping = R[3:, 3:] if np.any(R[3:, 3:]) else None
         max_rotation = self.max_rotation
-        damping = R[3:, 3:] if np.any(R[3:, 3:]) else None
 
         def step(omega, torque, dt):
             dt = jnp.asarray(dt, omega.dtype)
             valid = _valid_inputs(model, dt, ())
+            if coupling is not None:
+                valid = valid & jnp.all(coupling == 0)
             w1 = angular_velocity_step(model.inertia, omega, dt, damping=damping, torque=torque)
             ok = jnp.all(jnp.isfinite(w1)) & valid
             n0 = norm3(tuple(omega[i] for i in range(3)))
