@@ -374,3 +374,30 @@ def test_drag_fit_through_the_rate_rollout_recovers_the_truth():
     truth = {"ratios": inertia[[0, 2]] / inertia[1], "drag": drag / inertia[1]}
     for name, v in truth.items():
         assert np.all(np.abs(a.values[name] - v) <= 2 * a.se[name]), (name, a.values[name], v, a.se[name])
+
+
+@pytest.mark.parametrize("signals", ["rate", "whole"])
+def test_jacobian_blocks_equal_jax_jacfwd(signals):
+    """The layer's Jacobian of a problem of several segments, formed from ``ng + nz`` tangents
+    (each segment depends on the global unknowns and its own initial state alone), equals
+    ``jax.jacfwd`` of the residuals over all ``ng + S nz`` unknowns, and its normal equations
+    equal ``J^T J`` and ``J^T r`` of that Jacobian, to round-off (1e-13 relative: the same
+    tangents, another order of the sums)."""
+    p = _problem(signals=obs.rigid_body_signals if signals == "rate" else _whole_state)
+    layout = _Layout(p)
+    assert layout.S == 2 and layout.nz > 0
+    X = _points(p)
+    _, arrays = _program._stack_many([p], jnp.float64, 40)
+    residuals = _program._residual_fn(p, layout)
+    mine = jax.tree_util.tree_map(lambda a: a[0], arrays)
+    r, _, J = _evaluate(p, X)
+    normal = _program._program(p, layout, jnp.float64, jacobian="normal")
+    cost, A, g, _, finite = (np.asarray(a) for a in normal(arrays, jnp.asarray(X), jnp.zeros(len(X), int)))
+    assert np.all(finite)
+    for i, x in enumerate(X):
+        dense = np.asarray(jax.jacfwd(lambda y: residuals(mine, y)[0].reshape(-1))(jnp.asarray(x)))
+        scale = np.abs(dense).max()
+        np.testing.assert_allclose(J[i], dense, rtol=1e-13, atol=1e-13 * scale)
+        np.testing.assert_allclose(A[i], dense.T @ dense, rtol=1e-12, atol=1e-12 * scale**2)
+        np.testing.assert_allclose(g[i], dense.T @ r[i], rtol=1e-12, atol=1e-12 * scale * np.abs(r[i]).max())
+        np.testing.assert_allclose(cost[i], 0.5 * r[i] @ r[i], rtol=1e-13)

@@ -227,6 +227,7 @@ def _program(problem, layout, dtype, jacobian: bool | str = True):
         return _PROGRAMS[key]
     residuals = _residual_fn(problem, layout)
     mesh = _devices()
+    tangents = _segment_tangents(layout.n_global, layout.nz, layout.S)
 
     def jac_all(arrays, X, which):
         def one(x, i):
@@ -234,13 +235,13 @@ def _program(problem, layout, dtype, jacobian: bool | str = True):
             r, status = residuals(mine, x)
             if not jacobian:
                 return r.reshape(-1), status
-            J = jax.jacfwd(lambda y: residuals(mine, y)[0].reshape(-1))(x)
-            r = r.reshape(-1)
+            Jg, Jz = _jacobian_blocks(lambda y: residuals(mine, y)[0], x, tangents, layout.n_global)
             if jacobian != "normal":
-                return r, status, J
-            finite = jnp.all(jnp.isfinite(r)) & jnp.all(jnp.isfinite(J))
-            r0, J0 = jnp.where(finite, r, 0.0), jnp.where(finite, J, 0.0)
-            return 0.5 * r0 @ r0, J0.T @ J0, J0.T @ r0, status, finite
+                return r.reshape(-1), status, _dense(Jg, Jz)
+            finite = jnp.all(jnp.isfinite(r)) & jnp.all(jnp.isfinite(Jg)) & jnp.all(jnp.isfinite(Jz))
+            r0, Jg, Jz = (jnp.where(finite, a, 0.0) for a in (r, Jg, Jz))
+            A, g = _normal(r0, Jg, Jz)
+            return 0.5 * jnp.sum(r0 * r0), A, g, status, finite
 
         return jax.vmap(one)(X, which)
 
@@ -256,6 +257,53 @@ def _program(problem, layout, dtype, jacobian: bool | str = True):
         while len(_PROGRAMS) > _PROGRAMS_KEPT:
             _PROGRAMS.popitem(last=False)
     return jac_all
+
+
+def _segment_tangents(ng: int, nz: int, S: int) -> np.ndarray:
+    """The forward-mode tangents ``(ng + nz, ng + S nz)`` of :func:`_jacobian_blocks`: one per
+    global unknown, and one per initial-state coordinate ``j`` that moves coordinate ``j`` of
+    every segment at once (a segment's residuals depend on the global unknowns and on its
+    own initial state alone, so one tangent gives every segment's column)."""
+    T = np.zeros((ng + nz, ng + S * nz))
+    T[np.arange(ng), np.arange(ng)] = 1.0
+    for j in range(nz):
+        T[ng + j, ng + np.arange(S) * nz + j] = 1.0
+    return T
+
+
+def _jacobian_blocks(f, x, tangents, ng: int):
+    """The Jacobian of ``f(x) -> r (S, N, c)`` (segments ``S``) in blocks: ``Jg (S, N c, ng)``
+    in the global unknowns, ``Jz (S, N c, nz)`` in each segment's own initial state, by
+    ``ng + nz`` forward-mode tangents (:func:`_segment_tangents`) instead of the ``ng + S nz``
+    of ``jax.jacfwd``: a joint fit of 62 racquet windows (2 + 3 x 62 unknowns) pushes 5
+    tangents through every window, not 188."""
+    out = jax.vmap(lambda t: jax.jvp(f, (x,), (t,))[1])(jnp.asarray(tangents, x.dtype))  # (ng + nz, S, N, c)
+    out = jnp.moveaxis(out.reshape(out.shape[0], out.shape[1], -1), 0, -1)  # (S, N c, ng + nz)
+    return out[..., :ng], out[..., ng:]
+
+
+def _dense(Jg, Jz):
+    """The Jacobian ``(S N c, ng + S nz)`` of the blocks of :func:`_jacobian_blocks` (the
+    unknowns ``[global | segment 0's initial state | segment 1's | ...]``)."""
+    S, m, nz = Jz.shape
+    own = Jz[:, :, None, :] * jnp.eye(S, dtype=Jz.dtype)[:, None, :, None]  # (S, N c, S, nz)
+    return jnp.concatenate([Jg, own.reshape(S, m, S * nz)], -1).reshape(S * m, -1)
+
+
+def _normal(r, Jg, Jz):
+    """``(J^T J, J^T r)`` of the blocks (:func:`_jacobian_blocks`; ``r (S, N, c)``), formed
+    block by block: the initial states' part is block diagonal, so the cost is ``S N c (ng +
+    nz)^2``, not ``S N c P^2``."""
+    S, m, nz = Jz.shape
+    ng = Jg.shape[-1]
+    r = r.reshape(S, m)
+    gg = jnp.einsum("smi,smj->ij", Jg, Jg)
+    gz = jnp.einsum("smi,smk->isk", Jg, Jz).reshape(ng, S * nz)
+    zz = jnp.einsum("smk,sml->skl", Jz, Jz)
+    zz = (zz[:, :, None, :] * jnp.eye(S, dtype=Jz.dtype)[:, None, :, None]).reshape(S * nz, S * nz)
+    A = jnp.concatenate([jnp.concatenate([gg, gz], 1), jnp.concatenate([gz.T, zz], 1)], 0)
+    g = jnp.concatenate([jnp.einsum("smi,sm->i", Jg, r), jnp.einsum("smk,sm->sk", Jz, r).reshape(-1)])
+    return A, g
 
 
 def _devices():
@@ -293,7 +341,7 @@ def _put(a, mesh, rows: bool):
 CHUNK_ROWS = 32
 
 
-#: Jacobian entries per call (rows x samples x 3 x unknowns) above which a float64 fit on one
+#: Jacobian entries per call (rows x segments x samples x 3 x unknowns) above which a float64 fit on one
 #: device forms ``J^T J`` in a program of its own (see :func:`_evaluator`). Below it the
 #: Jacobian program serves the optimiser too. Measured on the 69 shared racquet flips
 #: (``fit_many`` with ``groups``, 32 rows x 128 samples x 3 x 5 unknowns = 61k entries per
@@ -301,6 +349,12 @@ CHUNK_ROWS = 32
 #: 14.5-14.7 s CPU (the normal-equation program's tracing and compilation gone); warm fit
 #: within the VM's noise (2.8-3.6 against 3.1-3.8 s wall).
 NORMAL_ENTRIES = 4e6
+#: Multiply-adds of ``J^T J`` per call (entries x unknowns) above which the normal-equation
+#: program serves a float64 fit on one device too: there it is formed block by block
+#: (:func:`_normal`: a segment's rows touch the global unknowns and its own initial state
+#: only), on the host densely. A joint fit of 62 racquet windows (1 row x 62 x 128 x 3 x 188
+#: unknowns: 3.5M entries, 0.8G products) spent 1.2 s of its 6 s in the host's products.
+NORMAL_PRODUCTS = 1e8
 
 
 def _chunked(fn, X, which, rows: int):
@@ -345,7 +399,8 @@ def _evaluator(problems, layout, dtype, N: int, starts: int):
     # racquet flips in fit_many: see NORMAL_ENTRIES), for a transfer of at most ~32 MB per call
     # (3 components per sample taken as the estimate of m)
     normal = None
-    big = rows * N * 3 * len(layout.lo) > NORMAL_ENTRIES
+    entries = rows * layout.S * N * 3 * len(layout.lo)
+    big = entries > NORMAL_ENTRIES or entries * len(layout.lo) > NORMAL_PRODUCTS
     if jnp.dtype(dtype) == jnp.float64 and (big or _devices() is not None):
         normal = _caller(_program(problems[0], layout, dtype, jacobian="normal"), arrays, dtype)
 
