@@ -226,3 +226,23 @@ def test_median_se_of_a_fixed_value_is_zero():
     assert _combine.median_se_stat([0.0, 0.0, 0.0]) == 0.0
     assert np.isnan(_combine.median_se_stat([np.nan, np.inf]))
     assert _combine.median_se_stat([0.1, 0.1]) == pytest.approx(1.2533 * 0.1 / math.sqrt(2))
+
+
+def test_fits_run_numpys_blas_on_one_thread():
+    """The fits' host linear algebra runs on one BLAS thread (``_lm.one_blas_thread``: a
+    multithreaded OpenBLAS beside XLA's thread pool waits more than it works on small
+    matrices); the process's own setting is restored afterwards."""
+    from threadpoolctl import threadpool_info
+
+    from rigidjax import identify
+    from rigidjax.identify import _lm
+
+    def blas_threads():
+        return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+    before = blas_threads()
+    assert before, threadpool_info()  # NumPy's OpenBLAS, found
+    assert _lm.one_blas_thread(blas_threads)() == [1] * len(before)
+    assert blas_threads() == before
+    for f in (identify.fit, identify.fit_many, identify.fit_inertia):
+        assert f.__wrapped__ is not None and "Fit" in (f.__doc__ or ""), f

@@ -56,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._derived import FitError, parse_scale
+from ._lm import one_blas_thread
 from ._model import (
     DRAG_KINDS,
     Spec,
@@ -81,6 +82,7 @@ from ._windows import (
 # ----------------------------------------------------------------------------- main entry
 
 
+@one_blas_thread
 def fit_inertia(
     segments,
     *,

@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import so3
 from . import _across
+from ._lm import one_blas_thread
 from . import observations as obs
 from ._problem_fit import _check_same_structure, _check_substeps, _fit, _model_mask, in_dtype
 from ._program_key import _steps_part
@@ -25,6 +26,7 @@ from .problem import Problem, _Layout
 __all__ = ["fit_many"]
 
 
+@one_blas_thread
 def fit_many(
     problems: Sequence[Problem],
     *,

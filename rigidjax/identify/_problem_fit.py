@@ -15,6 +15,7 @@ import numpy as np
 from ..info import Status
 from ..rollout import rollout
 from . import _across, _lm
+from ._lm import one_blas_thread
 from . import observations as obs
 from ._problem_result import ProblemFit, flat_values, result, value_names
 from ._program import _common_length, _evaluator, call_rows, per_segment
@@ -26,6 +27,7 @@ from .problem import Problem, _Layout
 __all__ = ["fit"]
 
 
+@one_blas_thread
 def fit(
     problem: Problem,
     *,
