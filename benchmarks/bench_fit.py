@@ -32,6 +32,11 @@ Rows:
   pass, compilation included) and warm (the least CPU of the next two); its statuses against fit_inertia's per
   window; per window (the ``N`` baseline windows, column ``identify.fit``) its DOP853 cost
   against the best and its estimates against fit_inertia's in fit_inertia's standard errors.
+* ``rigidjax identify.fit joint``: one inertia for the windows ``combine`` pooled, through
+  the layer: one problem with a segment per window (its own initial rate; 2 + 3 x windows
+  unknowns, the Jacobian in blocks), ``substeps`` per segment (fit_inertia's), from
+  ``combine``'s estimate, ``--starts`` starts and the step check; timed cold and warm as
+  above (after the ``fit_many`` row: add its time for the whole joint fit).
 * ``scipy least_squares + solve_ivp``: the straightforward approach, per window,
   ``scipy.optimize.least_squares`` (trust-region reflective, finite-difference Jacobian)
   around ``scipy.integrate.solve_ivp`` (RK45, rtol 1e-6, atol 1e-8) of Euler's equations,
@@ -214,6 +219,57 @@ def layer_fits(segs, starts_of, substeps, starts: int, pad_to: int, groups) -> t
             "cpu_s": cpu_each,
         }
     return out, time.perf_counter() - t0, _cpu() - c0, combined
+
+
+def layer_joint(segs, start, substeps, starts: int) -> tuple[dict, float, float]:
+    """One inertia for the windows ``segs`` through the general layer: one
+    :class:`rigidjax.identify.Problem` with a segment per window (its own initial rate),
+    ``substeps`` per segment (fit_inertia's: data of the one program), ``MomentRatios`` from
+    ``start = (Ix/Iy, Iz/Iy)`` (the layer's combined estimate), sigma the windows' median
+    noise, :func:`rigidjax.identify.fit` with ``starts`` starts and its step check. Returns
+    ``(result, wall s, CPU s)``; result: ``Ix/Iy``, ``Iz/Iy``, ``se``, ``rms``, ``status``,
+    ``message``, ``iterations``, ``unknowns``."""
+    import jax.numpy as jnp
+
+    import rigidjax as rj
+    from rigidjax import identify
+    from rigidjax.identify import observations as obs
+    from rigidjax.identify import transforms as tr
+    from rigidjax.identify.recipes import noise_level
+
+    t0, c0 = time.perf_counter(), _cpu()
+    segments = [
+        identify.MeasuredSegment(
+            t=s.t - s.t[0],
+            data={"omega": s.omega},
+            state0=rj.RigidBodyState(orientation=jnp.array([1.0, 0, 0, 0]), angular_velocity=jnp.asarray(s.omega[0])),
+        )
+        for s in segs
+    ]
+    problem = identify.Problem(
+        model=rj.RigidBody(1.0, np.eye(3)),
+        stepper=_LAYER["stepper"],
+        parameters={
+            "ratios": identify.Parameter(_inertia, tr.MomentRatios(), into=tr.MomentRatios.inertia, start=start)
+        },
+        observations=[obs.AngularVelocity(bias=False, sigma=float(np.median([noise_level(s.omega) for s in segs])))],
+        segments=segments,
+        initial=_LAYER["initial"],
+        substeps=tuple(int(k) for k in substeps),
+    )
+    f = identify.fit(problem, starts=starts)
+    ix, iz = (float(v) for v in f.values["ratios"])
+    out = {
+        "Ix/Iy": ix,
+        "Iz/Iy": iz,
+        "se": [float(v) for v in f.se["ratios"]],
+        "rms": float(f.rms[0]),
+        "status": str(f.status.value),
+        "message": f.message,
+        "iterations": int(f.iterations),
+        "unknowns": int(len(f.x)),
+    }
+    return out, time.perf_counter() - t0, _cpu() - c0
 
 
 def _dop853_rms(seg, ix, iz, w0) -> float:
@@ -411,6 +467,20 @@ def main(argv=None) -> int:
                 [ours.segments[i]["recording"] for i in range(len(segs))],
             )
         layer_times.append((wall, cpu))
+    # one inertia for the windows the layer pooled, from its combined estimate
+    pooled_idx = [int(i) for i in layer_combined.windows]
+    joint_start = np.array([layer_combined.estimates["ratios[0]"], layer_combined.estimates["ratios[1]"]])
+    joint_times = []
+    for _ in range(1 + WARM_PASSES):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            layer_joint_fit, wall, cpu = layer_joint(
+                [segs[i] for i in pooled_idx],
+                joint_start,
+                [ours.segments[i]["substeps"] for i in pooled_idx],
+                args.starts,
+            )
+        joint_times.append((wall, cpu))
     per_window = []
     for i in pick:
         s = segs[i]
@@ -501,6 +571,21 @@ def main(argv=None) -> int:
         "method": "rigidjax.identify.fit_many(groups=recordings) + identify.combine: MomentRatios, "
         "AngularVelocity(bias=False, sigma=noise), FreeBodyInitial(angular_velocity), midpoint at fit_inertia's "
         "sub-steps, one call",
+    }
+    rows["rigidjax identify.fit joint"] = {
+        "cold_s": joint_times[0][0],
+        "warm_s": _best(joint_times[1:])[0],
+        "cold_cpu_s": joint_times[0][1],
+        "warm_cpu_s": _best(joint_times[1:])[1],
+        "windows": len(pooled_idx),
+        "Ix/Iy": layer_joint_fit["Ix/Iy"],
+        "Iz/Iy": layer_joint_fit["Iz/Iy"],
+        "se": layer_joint_fit["se"],
+        "rms": layer_joint_fit["rms"],
+        "status": f"{layer_joint_fit['status']}; {len(pooled_idx)} windows, {layer_joint_fit['unknowns']} unknowns",
+        "message": layer_joint_fit["message"],
+        "method": "rigidjax.identify.fit of one Problem, a segment per window fit_many + combine pooled, "
+        "per-segment sub-steps (fit_inertia's), from combine's estimate",
     }
     if why_not is None:
         rows["mujoco.sysid"] = _baseline_row(
