@@ -246,3 +246,8 @@ def test_fits_run_numpys_blas_on_one_thread():
     assert blas_threads() == before
     for f in (identify.fit, identify.fit_many, identify.fit_inertia):
         assert f.__wrapped__ is not None and "Fit" in (f.__doc__ or ""), f
+    # fit_inertia's warnings still name the caller's line, not the wrapper's
+    t = np.arange(5) * 0.01
+    with pytest.warns(UserWarning, match="unidentifiable") as caught:
+        identify.fit_inertia((t, np.ones((5, 3))))
+    assert {w.filename for w in caught} == {__file__}, [(w.filename, w.lineno) for w in caught]

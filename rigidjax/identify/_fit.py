@@ -198,7 +198,7 @@ def fit_inertia(
             f"fit_inertia: fitting in {jnp.dtype(dtype).name} (JAX's default without 64-bit mode): round-off in the "
             "simulated rates and their derivatives can stall the optimiser (status 'stalled') and degrades the "
             'standard errors; for a trustworthy fit enable float64 first: jax.config.update("jax_enable_x64", True)',
-            stacklevel=2,
+            stacklevel=3,
         )
     run = _Run(segs, spec, scale, seed=seed, max_steps=max_steps, phase1_steps=phase1_steps, progress=progress)
     run.adapt = substeps == "auto"
@@ -266,7 +266,7 @@ def fit_inertia(
 
 def _warn(result: InertiaFit, substeps) -> None:
     if result.status != FitStatus.CONVERGED:
-        warnings.warn(f"fit_inertia: status {result.status.value}: {result.message}", stacklevel=3)
+        warnings.warn(f"fit_inertia: status {result.status.value}: {result.message}", stacklevel=4)
     if substeps != "auto" and result.step_error and result.step_error["max_shift_se"] > 1.0:
         se_ = result.step_error
         worst = max(se_["shift_se"], key=lambda k_: abs(se_["shift_se"][k_]))
@@ -274,5 +274,5 @@ def _warn(result: InertiaFit, substeps) -> None:
             f"fit_inertia: the simulation's step error (substeps={substeps}) shifts the estimates by up to "
             f"{se_['max_shift_se']:.1f} standard errors ({worst}), which the reported errors do not include: use "
             "substeps='auto' or raise substeps",
-            stacklevel=3,
+            stacklevel=4,
         )
