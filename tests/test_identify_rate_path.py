@@ -90,10 +90,10 @@ def _points(problem):
     return np.stack([x0, x0 + 0.05 * rng.standard_normal(x0.shape)])
 
 
-def test_rate_rollout_equals_the_whole_state_rollout():
-    fast, slow = _problem(), _problem(signals=_whole_state)
-    assert _program_key._rate_step(fast, fast.model) is not None
-    assert _program_key._rate_step(slow, slow.model) is None
+def _assert_same_rollouts(fast, slow):
+    """Residuals, Jacobians and statuses of the two problems at two points, equal to 1e-12
+    (both in float64; the rate rollout is the whole state's rotational part, the same
+    operations in another order); returns the first problem's Jacobian."""
     X = _points(fast)
     r1, s1, J1 = _evaluate(fast, X)
     r2, s2, J2 = _evaluate(slow, X)
@@ -101,6 +101,14 @@ def test_rate_rollout_equals_the_whole_state_rollout():
     assert np.all(s1 == Status.SUCCESS)
     np.testing.assert_allclose(r1, r2, rtol=1e-12, atol=1e-12 * np.abs(r2).max())
     np.testing.assert_allclose(J1, J2, rtol=1e-12, atol=1e-12 * np.abs(J2).max())
+    return J1
+
+
+def test_rate_rollout_equals_the_whole_state_rollout():
+    fast, slow = _problem(), _problem(signals=_whole_state)
+    assert _program_key._rate_step(fast, fast.model) is not None
+    assert _program_key._rate_step(slow, slow.model) is None
+    J1 = _assert_same_rollouts(fast, slow)
     assert np.abs(J1).max() > 0
 
 
@@ -178,13 +186,7 @@ def test_fitted_angular_drag_rolls_out_the_rate_alone():
     fast = _problem(parameters=_drag_parameters())
     slow = _problem(parameters=_drag_parameters(), signals=_whole_state)
     assert _traced_rate_step(fast) is not None and _traced_rate_step(slow) is None
-    X = _points(fast)
-    r1, s1, J1 = _evaluate(fast, X)
-    r2, s2, J2 = _evaluate(slow, X)
-    np.testing.assert_array_equal(s1, s2)
-    assert np.all(s1 == Status.SUCCESS)
-    np.testing.assert_allclose(r1, r2, rtol=1e-12, atol=1e-12 * np.abs(r2).max())
-    np.testing.assert_allclose(J1, J2, rtol=1e-12, atol=1e-12 * np.abs(J2).max())
+    J1 = _assert_same_rollouts(fast, slow)
     drag_columns = J1[..., 3:6]  # the drag's three coordinates follow the moments'
     assert np.abs(drag_columns).max() > 0
     # one program for every sub-step count (the rate path's sub-steps are data)
