@@ -170,6 +170,9 @@ def test_path_taken_by_a_folder_leaves_nothing_behind(folder):
         out = _stored.stored(_counting()[0], "test-m")(x, y)
     text = " | ".join(str(w.message) for w in rec)
     assert "cannot be used" in text and "programs are not stored" in text, text
+    # both at the caller's line, whatever the depth of rigidjax's frames (QA: the warning named
+    # identify/_problems.py under fit_inertia)
+    assert {w.filename for w in rec} == {__file__}, [(w.filename, w.lineno) for w in rec]
     np.testing.assert_allclose(np.asarray(out[1]), 6.0)
     assert [p.name for p in folder.iterdir()] == [path.name]
 

@@ -49,6 +49,7 @@ import enum
 from collections.abc import Callable
 
 import functools
+import threading
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -76,20 +77,37 @@ def _free(x, g, lo, hi):
     return ~held
 
 
+_BLAS_LOCK = threading.Lock()
+_BLAS_USERS = 0
+_BLAS_LIMITS = None
+
+
 def one_blas_thread(fit):
     """``fit`` with NumPy's BLAS and LAPACK on one thread while it runs (``threadpoolctl``;
-    restored afterwards, also for other threads of the process): the fits' host linear
-    algebra is many small and mid-sized products, solves and eigendecompositions (a few to a
-    few hundred unknowns) between compiled calls, and a multithreaded OpenBLAS beside XLA's
-    own thread pool spends its time waiting. Measured on the 2-core VM (OpenBLAS 0.3.31, a
-    helper process busy beside it): a 188 x 188 ``eigh`` 98 ms with two threads, 3.7 ms with
-    one; a joint fit of 62 racquet windows through the layer (188 unknowns) 6.6 -> 0.5 s
-    warm, ``fit_inertia(joint=True)`` 6.9 -> 3.1 s."""
+    the caller's setting restored afterwards: after the last of concurrent fits in other
+    threads, which share the process's BLAS): the fits' host linear algebra is many small and
+    mid-sized products, solves and eigendecompositions (a few to a few hundred unknowns)
+    between compiled calls, and a multithreaded OpenBLAS beside XLA's own thread pool spends
+    its time waiting. Measured on the 2-core VM (OpenBLAS 0.3.31, a helper process busy beside
+    it): a 188 x 188 ``eigh`` 98 ms with two threads, 3.7 ms with one; a joint fit of 62
+    racquet windows through the layer (188 unknowns) 6.6 -> 0.5 s warm,
+    ``fit_inertia(joint=True)`` 6.9 -> 3.1 s."""
 
     @functools.wraps(fit)
     def wrapped(*args, **kwargs):
-        with threadpool_limits(limits=1, user_api="blas"):
+        global _BLAS_USERS, _BLAS_LIMITS
+        with _BLAS_LOCK:
+            if _BLAS_USERS == 0:
+                _BLAS_LIMITS = threadpool_limits(limits=1, user_api="blas")
+            _BLAS_USERS += 1
+        try:
             return fit(*args, **kwargs)
+        finally:
+            with _BLAS_LOCK:
+                _BLAS_USERS -= 1
+                if _BLAS_USERS == 0:
+                    _BLAS_LIMITS.restore_original_limits()
+                    _BLAS_LIMITS = None
 
     return wrapped
 

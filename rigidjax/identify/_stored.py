@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import sys
 import tempfile
 import time
 import warnings
@@ -141,10 +142,23 @@ _MAGIC = b"RJXP1"
 _WARNED: set = set()
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _warn(msg: str) -> None:
+    """``warnings.warn`` at the caller's line: the first frame outside rigidjax (programs are
+    compiled at a depth that depends on the entry point: ``fit``, ``fit_many``,
+    ``fit_inertia``)."""
+    f, level = sys._getframe(0), 1
+    while f is not None and f.f_code.co_filename.startswith(_PACKAGE + os.sep):
+        f, level = f.f_back, level + 1
+    warnings.warn(msg, stacklevel=level)
+
+
 def _warn_once(msg: str) -> None:
     if msg not in _WARNED:
         _WARNED.add(msg)
-        warnings.warn(msg, stacklevel=4)
+        _warn(msg)
 
 
 def _reason(e: Exception) -> str:
@@ -178,7 +192,7 @@ def _load_or_export(d: Path, jitted, key, sig, tree):
             compiled = jax.jit(exp.call).lower(*avals).compile()
         except Exception as e:  # damaged, foreign or stale: trace again and replace it
             msg = f"rigidjax: traced again: the stored program {path} cannot be used ({_reason(e)}); replacing it"
-            warnings.warn(msg, stacklevel=3)
+            _warn(msg)
         else:
             try:
                 os.utime(path)  # in use: kept by the age rule of _write
