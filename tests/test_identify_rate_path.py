@@ -12,6 +12,7 @@ the same fit.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -162,11 +163,12 @@ def _angular_drag(d):
     return jnp.zeros((6, 6), d.dtype).at[3:, 3:].set(jnp.diag(d))
 
 
-def _late_coupling(d):
-    """An angular drag whose translation-rotation block appears only for ``d[0] > 10``: zero,
-    with zero derivatives, wherever the layer's structural check looks."""
+def _late_coupling(d, at=1e4):
+    """An angular drag whose translation-rotation block appears only for ``d[0] > at``: for
+    ``at = 1e4``, zero with zero derivatives wherever the layer's structural check looks
+    (coordinates scattered at the scales 1, 10, 100)."""
     R = _angular_drag(d)
-    return R.at[0, 4].set(jax.nn.relu(d[0] - 10.0))
+    return R.at[0, 4].set(jax.nn.relu(d[0] - at))
 
 
 def _drag_parameters(into=_angular_drag, transform=None):
@@ -203,10 +205,20 @@ def test_a_coupling_the_structural_check_cannot_see_fails_the_steps():
     slow = _problem(parameters=_drag_parameters(_late_coupling, tr.Real()), signals=_whole_state)
     assert _traced_rate_step(fast) is not None
     X = _points(fast)
-    X[1, 3] = 20.0  # d[0] = 20: R[0, 4] = 10
+    X[1, 3] = 2e4  # d[0] = 2e4: R[0, 4] = 1e4
     s_fast, s_slow = _evaluate(fast, X, jacobian=False)[1], _evaluate(slow, X, jacobian=False)[1]
     assert np.all(s_fast[0] == Status.SUCCESS) and np.all(s_slow == Status.SUCCESS), (s_fast, s_slow)
     assert np.all(s_fast[1] == Status.INVALID_INPUT), s_fast
+
+
+def test_a_coupling_away_from_zero_rolls_out_the_whole_state():
+    """A coupling that switches on at ``d[0] > 5`` (QA: with the check's points near zero only,
+    the fit took the rate path, its steps failed beyond 5 and it ended ``max_steps`` at
+    ``d[0] = 5.000`` with 2.8x the whole state's cost, the truth at 6) is seen by the check's
+    wider points: the whole state is rolled out."""
+    problem = _problem(parameters=_drag_parameters(functools.partial(_late_coupling, at=5.0), tr.Real()))
+    assert not _program_key._uncoupled(problem, _Layout(problem))
+    assert _traced_rate_step(problem) is None
 
 
 def test_fit_through_the_rate_rollout_equals_the_whole_state_fit():

@@ -17,7 +17,7 @@ from .. import so3
 from . import _across
 from ._lm import one_blas_thread
 from . import observations as obs
-from ._problem_fit import _check_same_structure, _check_substeps, _fit, _model_mask, in_dtype
+from ._problem_fit import _check_same_structure, _check_substeps, _fit, _model_mask, _spread_scale, in_dtype
 from ._program_key import _steps_part
 from ._problem_result import ProblemFit
 from ._result import FitStatus
@@ -232,7 +232,7 @@ def _consensus_starts(out, layouts, groups, bad, good, seed, spread) -> dict:
         rng = np.random.default_rng([seed, 1, int(w)])
         n_rand = _across.RESCUE_RANDOM + n_cons - len(xs)
         x = np.repeat(x0[None], n_rand, 0)
-        x[:, :ng] += spread * rng.standard_normal((n_rand, ng)) * mask
+        x[:, :ng] += spread * rng.standard_normal((n_rand, ng)) * _spread_scale(lay, x0)
         given[int(w)] = np.clip(np.concatenate([np.array(xs).reshape(-1, len(x0)), x]), lay.lo, lay.hi)
     return given
 

@@ -45,7 +45,8 @@ def fit(
         problem: the :class:`Problem`.
         starts: starts of the optimiser (the given values first, then random ones).
         spread: the random starts' perturbation of the model parameters' unconstrained
-            coordinates (standard deviation).
+            coordinates (standard deviation; times the transform's ``start_scale`` where it
+            has one, see :mod:`rigidjax.identify.transforms`).
         seed: random starts.
         max_steps: Levenberg-Marquardt iterations per start.
         dtype: the evaluation dtype (float64 needs ``jax_enable_x64``).
@@ -170,10 +171,11 @@ def _fit(
     lo = np.repeat(np.stack([lay.lo for lay in layouts]), starts, 0)
     hi = np.repeat(np.stack([lay.hi for lay in layouts]), starts, 0)
     if starts > 1:
-        mask = _model_mask(layout)
         for w in range(W):  # a generator per problem: its starts are those fit() draws for it alone
             X0[w * starts + 1 : (w + 1) * starts, : layout.n_global] += (
-                spread * np.random.default_rng(seed).standard_normal((starts - 1, layout.n_global)) * mask
+                spread
+                * np.random.default_rng(seed).standard_normal((starts - 1, layout.n_global))
+                * _spread_scale(layouts[w], x0[w])
             )
     # the random starts into the transforms' box (the given start is inside: _Layout checks it)
     X0 = np.clip(X0, lo, hi)
@@ -427,4 +429,18 @@ def _model_mask(layout: _Layout) -> np.ndarray:
     for kind, _, _, _, off, n in layout.slots:
         if kind == "model":
             m[off : off + n] = 1
+    return m
+
+
+def _spread_scale(layout: _Layout, x0) -> np.ndarray:
+    """Per global coordinate, the scale of the random starts' perturbation (times ``spread``):
+    0 for sensor parameters, 1 for a model parameter's coordinates, or its transform's
+    ``start_scale(u0)`` of the start's coordinates ``u0`` where it has one (coordinates that
+    carry the value's units, e.g. :class:`~rigidjax.identify.transforms.PrincipalMoments`'
+    second moments in kg m^2: a unit perturbation would be far off for a 0.02 kg m^2 body)."""
+    m = np.zeros(layout.n_global)
+    for kind, _, tr, _, off, n in layout.slots:
+        if kind == "model":
+            scale = getattr(tr, "start_scale", None)
+            m[off : off + n] = 1.0 if scale is None else np.broadcast_to(scale(np.asarray(x0[off : off + n])), (n,))
     return m

@@ -30,7 +30,10 @@ each of shape ``(size(like),)``, ``-inf``/``inf`` for none, ``lo <= hi``): the o
 ``[lo, hi]`` and reaches a bound exactly, holding a coordinate there while the cost's
 gradient points out of the box. A map without ``bounds`` is unconstrained. ``forward`` must
 be valid on the whole box, bounds included, and ``inverse`` must return a point inside it
-(:func:`rigidjax.identify.fit` checks it).
+(:func:`rigidjax.identify.fit` checks it). A map whose coordinates carry the value's units
+may declare ``start_scale(u0) -> (size(like),)``, the random starts' perturbation per
+coordinate (times the fit's ``spread``) around the start's coordinates ``u0``; else 1
+(unitless coordinates: logarithms, ratios).
 Uncertainties are reported on the values, mapped from ``u`` by the map's Jacobian (the delta
 method), so a positive quantity's interval is symmetric in its value, as printed. A
 coordinate held at a bound keeps the error of the unconstrained local model (see
@@ -308,6 +311,11 @@ class PrincipalMoments:
 
     def bounds(self, like):
         return np.zeros(3), np.full(3, np.inf)
+
+    def start_scale(self, u0):
+        """The random starts' perturbation per coordinate (times ``spread``): the start's mean
+        second moment, so that the starts scatter alike in any units (kg m^2 or g cm^2)."""
+        return np.full(3, max(float(np.mean(u0)), np.finfo(float).tiny))
 
     def forward(self, u, like):
         u = jnp.asarray(u)
