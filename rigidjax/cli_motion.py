@@ -84,7 +84,9 @@ def run_motion(args, path) -> int:
         )
     except (ValueError, FitError) as e:
         return _error(str(e))
-    kinds = ", ".join(motion.kinds) + (" with known torques" if motion.torque is not None else "")
+    kinds = ", ".join(motion.kinds)
+    if motion.torque is not None:
+        kinds += " with known torques" if "moments" in problem.parameters else " (torque columns all zero)"
     if not args.quiet:
         print(
             f"{path}: {len(motion.t)} samples of {kinds}; {problem.substeps} sub-steps; compiling and fitting ...",

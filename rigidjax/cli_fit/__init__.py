@@ -92,8 +92,10 @@ e.g. ~/.cache/rigidjax/jax-compilation-cache) and a gyroscope fit's traced progr
 demo: ~2x faster); --no-cache or RIGIDJAX_NO_COMPILATION_CACHE=1 turns both off.
 
 A CSV with orientation (qw,qx,qy,qz: motion capture), position (x,y,z, m) or known body torques
-(tau_x,tau_y,tau_z, N m: moments in kg m^2) is fitted with every column it has, through
-rigidjax.identify.fit (gyro sensor model: --bias, --gain, --misalignment, --delay S).
+(tau_x,tau_y,tau_z, N m: moments in kg m^2; each row's torque held until the next row, so
+sample a varying torque finely or give its mean over each interval) is fitted with every
+column it has, through rigidjax.identify.fit (gyro sensor model: --bias, --gain,
+--misalignment, --delay S).
 
 Recordings whose estimates disagree (a different body?) are named and not pooled. Each
 combined estimate comes with its statistical error (noise only) and a 95 % interval that

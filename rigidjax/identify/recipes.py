@@ -10,9 +10,11 @@ body seen by a gyroscope, motion capture and/or a position tracker) into a probl
   torques, else the ratios ``Ix/Iy, Iz/Iy`` (``Iy = 1``,
   :class:`~rigidjax.identify.transforms.MomentRatios`, as
   :func:`~rigidjax.identify.fit_inertia`'s; torque-free motion fixes only ratios). The start
-  is the equation-error estimate (``I omega_dot = tau + (I omega) x omega`` solved in the least
-  squares sense for the diagonal ``I``, with the rates from the gyroscope or from the
-  orientation's finite differences), or ``(1, 1.5, 2)`` where that is not physical;
+  is the equation-error estimate in integral form (``I omega_dot = tau + (I omega) x omega``
+  integrated over spans of the recording, solved in the least squares sense for the diagonal
+  ``I``, with the rates from the gyroscope or from the orientation's finite differences,
+  smoothed by a local cubic: :func:`smoothed_rates`), or ``(1, 1.5, 2)`` (scaled by the
+  torques' integrals, where there are torques) where that is not physical;
 * gravity (m/s^2, world), fitted where the position is measured, started from the mean
   second difference of the positions (any world axes);
 * initial state: angular velocity always, the orientation where it is measured, position and
@@ -30,6 +32,7 @@ median sample interval above 0.5 s (most likely ms) raise :class:`rigidjax.ident
 from __future__ import annotations
 
 import math
+import warnings
 
 import jax.numpy as jnp
 import numpy as np
@@ -42,7 +45,14 @@ from . import observations as obs
 from .problem import FreeBodyInitial, MeasuredSegment, Parameter, Problem
 from .transforms import MomentRatios, PrincipalMoments, Real
 
-__all__ = ["free_body_problem", "noise_level", "rates_from_orientation", "MAX_RATE", "MAX_SAMPLE_INTERVAL"]
+__all__ = [
+    "free_body_problem",
+    "noise_level",
+    "rates_from_orientation",
+    "smoothed_rates",
+    "MAX_RATE",
+    "MAX_SAMPLE_INTERVAL",
+]
 
 #: Fastest angular rate accepted, rad/s (beyond a hand throw: deg/s data).
 MAX_RATE = 50.0
@@ -76,28 +86,71 @@ def rates_from_orientation(t: np.ndarray, q: np.ndarray) -> np.ndarray:
     )
 
 
+#: Span of the local cubic that smooths the rates for the start values, s.
+SMOOTHING_SPAN = 0.1
+#: Spans of the integrals of the equation-error start, s (with half the recording).
+INTEGRAL_SPANS = (0.2, 0.5, 1.0)
+
+
+def smoothed_rates(t: np.ndarray, omega: np.ndarray) -> np.ndarray:
+    """Rates ``(n, 3)`` (rad/s) smoothed by a local cubic (Savitzky-Golay over
+    :data:`SMOOTHING_SPAN`, at least 5 samples, at the median sample interval; fewer samples:
+    unchanged), for start values only."""
+    from scipy.signal import savgol_filter
+
+    n = len(t)
+    w = max(5, int(round(SMOOTHING_SPAN / float(np.median(np.diff(t))))) | 1)
+    w = min(w, n if n % 2 else n - 1)
+    return omega if w < 5 else savgol_filter(omega, w, 3, axis=0)
+
+
 def _moments_start(t, omega, torque) -> np.ndarray:
-    """Equation-error estimate of the diagonal inertia (see module)."""
-    wd = np.gradient(omega, t, axis=0)
+    """Equation-error estimate of the diagonal inertia (see module), in integral form: Euler's
+    equations integrated over spans of :data:`INTEGRAL_SPANS` (at least one sample interval),
+    ``I_1 (omega_1(b) - omega_1(a)) - (I_2 - I_3) int omega_2 omega_3 = int tau_1`` and cyclic,
+    with the smoothed rates (:func:`smoothed_rates`). Why not derivatives: differencing noisy
+    rates (twice, for rates from motion-capture quaternions) amplifies the noise, and noise in
+    the regressors shrinks a least-squares estimate toward zero (QA: quaternions with 0.002
+    noise at 100 Hz gave moments 1000x too small, whose first rollout failed)."""
+    from scipy.integrate import cumulative_trapezoid
+
+    omega = smoothed_rates(t, omega)
     w1, w2, w3 = omega.T
-    # rows: I1 wd1 - (I2 - I3) w2 w3 = tau1, and cyclic
+    n = len(t)
+    dt = float(np.median(np.diff(t)))
+    # spans from INTEGRAL_SPANS and half the recording (the rates' noise enters through the
+    # ends only, so long spans carry the most signal per noise), overlapping
+    spans = sorted({min(max(1, int(round(s / dt))), n - 1) for s in INTEGRAL_SPANS} | {max(1, (n - 1) // 2)})
+    a = np.concatenate([np.arange(n - L) for L in spans])
+    b = np.concatenate([np.arange(L, n) for L in spans])
+
+    def span(f):  # integral of f over [t_a, t_b]
+        c = cumulative_trapezoid(f, t, initial=0.0)
+        return c[b] - c[a]
+
+    dw = omega[b] - omega[a]
+    p23, p31, p12 = span(w2 * w3), span(w3 * w1), span(w1 * w2)
+    # rows: I1 dw1 - (I2 - I3) int w2 w3 = int tau1, and cyclic
     A = np.concatenate(
         [
-            np.stack([wd[:, 0], -w2 * w3, w2 * w3], -1),
-            np.stack([w3 * w1, wd[:, 1], -w3 * w1], -1),
-            np.stack([-w1 * w2, w1 * w2, wd[:, 2]], -1),
+            np.stack([dw[:, 0], -p23, p23], -1),
+            np.stack([p31, dw[:, 1], -p31], -1),
+            np.stack([-p12, p12, dw[:, 2]], -1),
         ]
     )
-    b = np.concatenate([torque[:, 0], torque[:, 1], torque[:, 2]]) if torque is not None else None
-    if b is None:  # ratios: I1 = 1
+    b_ = None
+    if torque is not None:  # held over each sample interval, as the problem applies it
+        held = np.concatenate([np.zeros((1, 3)), np.cumsum(np.asarray(torque, float)[:-1] * np.diff(t)[:, None], 0)])
+        b_ = np.ravel((held[b] - held[a]).T)
+    if b_ is None:  # ratios: I1 = 1
         I23, *_ = np.linalg.lstsq(A[:, 1:], -A[:, 0], rcond=None)
         moments = np.concatenate([[1.0], I23])
     else:
-        moments, *_ = np.linalg.lstsq(A, b, rcond=None)
+        moments, *_ = np.linalg.lstsq(A, b_, rcond=None)
     m = np.sort(moments)
     if np.all(np.isfinite(moments)) and m[0] > 0 and m[0] + m[1] > m[2]:
         return moments
-    scale = 1.0 if torque is None else float(np.median(np.abs(torque)) / max(np.median(np.abs(wd)), 1e-9))
+    scale = 1.0 if b_ is None else float(np.median(np.abs(b_)) / max(np.median(np.abs(dw)), 1e-9))
     return scale * np.array([1.0, 1.5, 2.0])
 
 
@@ -113,7 +166,7 @@ def _inside(transform, start, fallback):
 def free_body_problem(
     motion: Motion,
     *,
-    bias: bool = True,
+    bias: bool = False,
     gain: bool = False,
     misalignment: bool = False,
     max_delay: float | None = None,
@@ -125,11 +178,14 @@ def free_body_problem(
         motion: the recording (:func:`rigidjax.io.load_motion_csv`).
         bias, gain, misalignment, max_delay: the gyroscope's sensor model
             (:class:`rigidjax.identify.observations.AngularVelocity`; used where the recording
-            has a gyroscope).
+            has a gyroscope); off by default, as in ``rigidjax fit`` and
+            :func:`~rigidjax.identify.fit_inertia`.
         substeps: steps per sample interval; ``None``: from the fastest rotation (see module).
 
     Returns:
-        A :class:`rigidjax.identify.Problem`: parameters ``moments`` (kg m^2, with torques;
+        A :class:`rigidjax.identify.Problem`: parameters ``moments`` (kg m^2, with torques
+        held over each sample interval, as sampled; torque columns that are all zero warn and
+        count as none;
         :class:`~rigidjax.identify.transforms.PrincipalMoments`) or ``ratios`` (``Ix/Iy,
         Iz/Iy``, as :func:`rigidjax.identify.fit_inertia`'s;
         :class:`~rigidjax.identify.transforms.MomentRatios`), and ``gravity`` where the
@@ -153,6 +209,13 @@ def free_body_problem(
     if omega is None:
         omega = np.zeros((len(t), 3))
     torque = motion.torque
+    if torque is not None and not np.any(torque):
+        warnings.warn(
+            f"{motion.source}: the torque columns are all zero: torque-free motion fixes only the ratios "
+            "Ix/Iy, Iz/Iy (fitted instead of absolute moments)",
+            stacklevel=2,
+        )
+        torque = None
     moments0 = _moments_start(t, omega, torque)
     params = {}
     # the physically valid set as a box (second moments >= 0): a plate-like body's optimum
