@@ -449,7 +449,9 @@ def test_float32_fit_of_a_float64_model():
     error (relative ~2e-5 here), so the standard errors, and the step-error check that measures
     in them, say nothing (as in test (c)); with the check on, it refined 1 -> 8 sub-steps,
     compiling a float32 program per doubling (~75 s of this test's ~90 s)."""
-    f32 = identify.fit(_problem([_free_body_segment(n=40)]), starts=1, dtype=jnp.float32, step_check="off")
+    with pytest.warns(UserWarning, match="fitting in float32") as caught:
+        f32 = identify.fit(_problem([_free_body_segment(n=40)]), starts=1, dtype=jnp.float32, step_check="off")
+    assert __file__ in {w.filename for w in caught}  # at the caller's line (QA: fit_inertia warned, fit did not)
     assert f32.status == identify.FitStatus.CONVERGED, f32.message
     assert f32.model.inertia.dtype == jnp.float32, f32.model.inertia.dtype
     np.testing.assert_allclose(f32.values["ratios"], INERTIA[1:] / INERTIA[0], rtol=1e-3)

@@ -22,6 +22,7 @@ from ._program import _common_length, _evaluator, call_rows, per_segment
 from ._program_key import _steps_part, _structure
 from ._result import FitStatus
 from ._step_error import finer_caller, refine_steps
+from ._stored import warn_at_caller
 from .problem import Problem, _Layout
 
 __all__ = ["fit"]
@@ -139,6 +140,11 @@ def _fit(
         raise ValueError(f"{name}: dtype float64 needs jax.config.update('jax_enable_x64', True) (or pass float32)")
     if pad_to is not None and not (isinstance(pad_to, (int, np.integer)) and pad_to >= 3):
         raise ValueError(f"{name}: pad_to must be None or an integer >= 3; got {pad_to!r}")
+    if jnp.dtype(dtype) != jnp.float64:
+        warn_at_caller(
+            f"{name}: fitting in {jnp.dtype(dtype).name}: the rollouts' round-off limits the cost's decrease "
+            "and the standard errors; for a trustworthy fit use float64 (jax_enable_x64)"
+        )
     if laid_out is None:
         problems = in_dtype(problems, dtype)
         layouts = []

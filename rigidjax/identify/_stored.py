@@ -145,7 +145,7 @@ _WARNED: set = set()
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _warn(msg: str) -> None:
+def warn_at_caller(msg: str) -> None:
     """``warnings.warn`` at the caller's line: the first frame outside rigidjax (programs are
     compiled at a depth that depends on the entry point: ``fit``, ``fit_many``,
     ``fit_inertia``)."""
@@ -158,7 +158,7 @@ def _warn(msg: str) -> None:
 def _warn_once(msg: str) -> None:
     if msg not in _WARNED:
         _WARNED.add(msg)
-        _warn(msg)
+        warn_at_caller(msg)
 
 
 def _reason(e: Exception) -> str:
@@ -192,7 +192,7 @@ def _load_or_export(d: Path, jitted, key, sig, tree):
             compiled = jax.jit(exp.call).lower(*avals).compile()
         except Exception as e:  # damaged, foreign or stale: trace again and replace it
             msg = f"rigidjax: traced again: the stored program {path} cannot be used ({_reason(e)}); replacing it"
-            _warn(msg)
+            warn_at_caller(msg)
         else:
             try:
                 os.utime(path)  # in use: kept by the age rule of _write
