@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _kinematics import quaternion_rate
 from scipy.integrate import solve_ivp
 
 from rigidjax import identify
@@ -20,17 +21,7 @@ N, DT = 201, 0.01  # 100 Hz motion capture for 2 s
 def _rhs(_s, y, tau):
     w, q = y[:3], y[3:]
     wdot = (np.cross(MOMENTS * w, w) + tau) / MOMENTS
-    qw, qx, qy, qz = q
-    # dq/dt = q (x) (0, w) / 2 (body rates)
-    qdot = 0.5 * np.array(
-        [
-            -qx * w[0] - qy * w[1] - qz * w[2],
-            qw * w[0] + qy * w[2] - qz * w[1],
-            qw * w[1] + qz * w[0] - qx * w[2],
-            qw * w[2] + qx * w[1] - qy * w[0],
-        ]
-    )
-    return np.concatenate([wdot, qdot])
+    return np.concatenate([wdot, quaternion_rate(q, w)])
 
 
 @pytest.fixture(scope="module")
