@@ -373,6 +373,9 @@ def test_unidentifiable_is_reported():
     assert f.status == identify.FitStatus.UNIDENTIFIABLE, f.message
     # the message names the undetermined combination; the determined ratios keep finite errors
     assert "frame_offset" in f.message and "initial" in f.message, f.message
+    # and lists every undetermined coordinate (those with infinite standard errors), no ratio
+    listed = f.message.split("undetermined (infinite standard errors): ")[1]
+    assert "frame_offset" in listed and "ratios" not in listed, f.message
     assert not np.any(np.isfinite(f.sensor_se[0]["frame_offset"]))
     assert np.all(np.isfinite(f.se["ratios"]))
     d = f.to_dict()

@@ -387,7 +387,15 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
     elif lm_status not in (_lm.LMStatus.CONVERGED, _lm.LMStatus.STALLED):
         status, msg = FitStatus.NONFINITE, "the best start could not be evaluated"
     elif singular:
-        status, msg = FitStatus.UNIDENTIFIABLE, f"J^T J is singular: the data do not determine {weak}"
+        # the weakest direction, and every coordinate with a part in the null space (QA: a
+        # steady spin leaves both ratios undetermined, the message named one)
+        und = [names_x[i] for i in np.flatnonzero(undetermined)]
+        listed = ", ".join(und[:8]) + (f" and {len(und) - 8} more" if len(und) > 8 else "")
+        status, msg = (
+            FitStatus.UNIDENTIFIABLE,
+            f"J^T J is singular: the data do not determine {weak}"
+            + (f"; undetermined (infinite standard errors): {listed}" if und else ""),
+        )
     elif s2 > POOR_FIT_S2 and sigma_rule:
         status, msg = (
             FitStatus.POOR_FIT,
