@@ -95,3 +95,15 @@ def test_gyroscope_sensor_model_off_by_default():
     problem = recipes.free_body_problem(Motion(t=t, omega=w, orientation=None, position=None, torque=None, source="g"))
     (gyro,) = problem.observations
     assert not gyro.bias and not gyro.gain and not gyro.misalignment and gyro.max_delay is None
+
+
+def test_a_gap_in_the_timestamps_warns_about_the_sub_steps(recording):
+    """One long interval sets the sub-steps of every interval (QA: a 3 s gap gave 483 per
+    interval, ~1e6 steps per rollout): said, with what to do."""
+    t, q, tau = recording
+    t = t.copy()
+    t[100:] += 3.0
+    gap = Motion(t=t, omega=None, orientation=q, position=None, torque=tau, source="gap")
+    with pytest.warns(UserWarning, match="a gap in the timestamps") as caught:
+        problem = recipes.free_body_problem(gap)
+    assert {w.filename for w in caught} == {__file__} and problem.substeps > 100

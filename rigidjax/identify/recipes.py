@@ -22,7 +22,8 @@ body seen by a gyroscope, motion capture and/or a position tracker) into a probl
 * observations weighted by noise levels estimated from second differences of each signal
   (white noise: ``std(diff2) / sqrt(6)``); the fit's covariance rescales by the residuals, so
   only the relative weights matter;
-* sub-steps from the fastest rotation per sample: ``ceil(max |omega| dt / 0.05)``;
+* sub-steps from the fastest rotation per sample: ``ceil(max |omega| dt / 0.05)`` at the
+  largest interval ``dt`` (a gap over :data:`GAP_RATIO` times the median warns);
 * the midpoint step with its second-order attitude update (``attitude="midpoint"``).
 
 Units are checked first: rates above 50 rad/s (beyond a hand throw: most likely deg/s) and a
@@ -52,12 +53,15 @@ __all__ = [
     "smoothed_rates",
     "MAX_RATE",
     "MAX_SAMPLE_INTERVAL",
+    "GAP_RATIO",
 ]
 
 #: Fastest angular rate accepted, rad/s (beyond a hand throw: deg/s data).
 MAX_RATE = 50.0
 #: Longest median sample interval accepted, s (beyond it: timestamps in ms).
 MAX_SAMPLE_INTERVAL = 0.5
+#: A sample interval this many times the median is a gap (warned: it sets the sub-steps).
+GAP_RATIO = 10.0
 
 
 def noise_level(y: np.ndarray) -> float:
@@ -259,7 +263,15 @@ def free_body_problem(
     if torque is not None:
         inputs = np.concatenate([np.zeros((len(t) - 1, 3)), torque[:-1]], -1)
     if substeps is None:
-        substeps = max(1, math.ceil(float(np.max(np.linalg.norm(omega, axis=1)) * np.max(np.diff(t)) / 0.05)))
+        dt_max = float(np.max(np.diff(t)))
+        substeps = max(1, math.ceil(float(np.max(np.linalg.norm(omega, axis=1)) * dt_max / 0.05)))
+        if dt_max > GAP_RATIO * dt_med and substeps > 1:
+            warnings.warn(
+                f"{motion.source}: a gap in the timestamps ({dt_max:.4g} s, {dt_max / dt_med:.0f}x the median "
+                f"interval) sets {substeps} sub-steps for every interval; cut the recording at the gap, or give "
+                "substeps (rigidjax fit --substeps)",
+                stacklevel=2,
+            )
     segment = MeasuredSegment(t=t, data=data, state0=state0, inputs=inputs, name=motion.source)
     model = RigidBody(
         1.0, jnp.diag(jnp.asarray(moments0 / moments0[1] if torque is None else moments0)), gravity=gravity0
