@@ -211,6 +211,15 @@ def test_a_coupling_the_structural_check_cannot_see_fails_the_steps():
     assert np.all(s_fast[1] == Status.INVALID_INPUT), s_fast
 
 
+def test_a_start_where_an_unseen_coupling_acts_is_named():
+    """A start inside the region where such a coupling acts: the start cannot be simulated on
+    the rate path, and the message says why (QA: it pointed only at the triangle inequality)."""
+    params = _drag_parameters(_late_coupling, tr.Real())
+    params["drag"] = dataclasses.replace(params["drag"], start=np.array([2e4, 0.02, 0.08]))
+    with pytest.raises(ValueError, match="couples translation and rotation"):
+        identify.fit(_problem(parameters=params), starts=1, step_check="off")
+
+
 def test_a_coupling_away_from_zero_rolls_out_the_whole_state():
     """A coupling that switches on at ``d[0] > 5`` (QA: with the check's points near zero only,
     the fit took the rate path, its steps failed beyond 5 and it ended ``max_steps`` at

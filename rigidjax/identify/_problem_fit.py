@@ -19,7 +19,7 @@ from ._lm import one_blas_thread
 from . import observations as obs
 from ._problem_result import ProblemFit, flat_values, result, value_names
 from ._program import _common_length, _evaluator, call_rows, per_segment
-from ._program_key import _steps_part, _structure
+from ._program_key import _steps_part, _structure, _uncoupled
 from ._result import FitStatus
 from ._step_error import finer_caller, refine_steps
 from ._stored import warn_at_caller
@@ -170,6 +170,12 @@ def _fit(
         if np.any(status0[w] != Status.SUCCESS) or not np.all(np.isfinite(r0[w])):
             codes = sorted({Status(int(c)).name for c in status0[w] if c != Status.SUCCESS})
             why = "; ".join(_START_HINTS.get(f, "a failed step at the start values") for f in codes) or "NaN residuals"
+            if "INVALID_INPUT" in codes and _uncoupled(problems[w], layouts[w]):
+                why += (
+                    "; or the fitted resistance couples translation and rotation at these values, though not at "
+                    "the points checked before rolling out the body rate alone (make its off-diagonal blocks "
+                    "zero everywhere, or pass a signals function that reads the whole state)"
+                )
             failed[w] = f"the start values cannot be simulated: rollout steps failed with {codes} ({why})"
             if raise_on_failure:
                 raise ValueError(f"{name}: {failed[w]}")

@@ -74,26 +74,64 @@ def noise_level(y: np.ndarray) -> float:
     return max(s, 1e-6 * float(np.max(np.abs(y))), 1e-6)
 
 
-def rates_from_orientation(t: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Body angular velocity ``(n, 3)`` rad/s from unit quaternions ``(n, 4)`` by central
-    differences of ``2 conj(q) dq/dt`` (signs of ``q`` made continuous first)."""
+def rates_from_orientation(t: np.ndarray, q: np.ndarray, smooth: bool = False) -> np.ndarray:
+    """Body angular velocity ``(n, 3)`` rad/s from unit quaternions ``(n, 4)`` as
+    ``2 conj(q) dq/dt`` (signs of ``q`` made continuous first): ``dq/dt`` by central
+    differences, or, with ``smooth``, ``q`` and ``dq/dt`` from a local quadratic
+    (Savitzky-Golay over :data:`ORIENTATION_TURN` of rotation at the median rate, at most
+    twice :data:`SMOOTHING_SPAN`), for start values: at the recording's ends a one-sided
+    difference of noisy quaternions is off by several rad/s (0.01 noise at 100 Hz: ~5)."""
     q = np.array(q, float)
     for i in range(1, len(q)):
         if np.dot(q[i], q[i - 1]) < 0:
             q[i] = -q[i]
     dq = np.gradient(q, t, axis=0)
+    if smooth:
+        # a local quadratic over ORIENTATION_TURN of rotation (at the median rate), at most
+        # 2 SMOOTHING_SPAN: 0.2 s at 3 rad/s; the end point's rate error at 100 Hz with 0.01
+        # noise, 24 seeds: rms 0.45 rad/s, against 2.9 for a cubic over 0.1 s and ~5 for a
+        # one-sided difference; noise-free bias 0.03 rad/s
+        typical = float(np.median(np.linalg.norm(_body_rate(q, dq), axis=1)))
+        window = _window(t, min(2 * SMOOTHING_SPAN, ORIENTATION_TURN / max(typical, 1e-9)))
+        if window:
+            from scipy.signal import savgol_filter
+
+            dt = float(np.median(np.diff(t)))
+            q, dq = savgol_filter(q, window, 2, axis=0), savgol_filter(q, window, 2, deriv=1, delta=dt, axis=0)
+    return _body_rate(q, dq)
+
+
+def _body_rate(q, dq):
+    """``2 conj(q) dq / |q|^2``, vector part ``(n, 3)``: the body rate of a (near-)unit ``q``."""
     w, x, y, z = q.T
     dw, dx, dy, dz = dq.T
-    # 2 conj(q) ⊗ dq, vector part
-    return 2 * np.stack(
-        [w * dx - x * dw - y * dz + z * dy, w * dy - y * dw - z * dx + x * dz, w * dz - z * dw - x * dy + y * dx], -1
+    # 2 conj(q) ⊗ dq, vector part (q unit; the smoothed q up to round-off of its norm)
+    return (
+        2
+        * np.stack(
+            [w * dx - x * dw - y * dz + z * dy, w * dy - y * dw - z * dx + x * dz, w * dz - z * dw - x * dy + y * dx],
+            -1,
+        )
+        / np.sum(q * q, axis=1, keepdims=True)
     )
 
 
 #: Span of the local cubic that smooths the rates for the start values, s.
 SMOOTHING_SPAN = 0.1
+#: Rotation (rad, at the median rate) spanned by the local quadratic of the quaternions
+#: whose derivative gives the start's rates from orientation data.
+ORIENTATION_TURN = 0.6
 #: Spans of the integrals of the equation-error start, s (with half the recording).
 INTEGRAL_SPANS = (0.2, 0.5, 1.0)
+
+
+def _window(t, span: float = SMOOTHING_SPAN) -> int:
+    """A local polynomial's window (samples, odd): ``span`` (s) at the median sample interval,
+    at least 5, at most the recording; 0 for fewer than 5 samples."""
+    n = len(t)
+    w = max(5, int(round(span / float(np.median(np.diff(t))))) | 1)
+    w = min(w, n if n % 2 else n - 1)
+    return w if w >= 5 else 0
 
 
 def smoothed_rates(t: np.ndarray, omega: np.ndarray) -> np.ndarray:
@@ -102,10 +140,8 @@ def smoothed_rates(t: np.ndarray, omega: np.ndarray) -> np.ndarray:
     unchanged), for start values only."""
     from scipy.signal import savgol_filter
 
-    n = len(t)
-    w = max(5, int(round(SMOOTHING_SPAN / float(np.median(np.diff(t))))) | 1)
-    w = min(w, n if n % 2 else n - 1)
-    return omega if w < 5 else savgol_filter(omega, w, 3, axis=0)
+    window = _window(t)
+    return savgol_filter(omega, window, 3, axis=0) if window else omega
 
 
 def _moments_start(t, omega, torque) -> np.ndarray:
@@ -208,7 +244,9 @@ def free_body_problem(
         )
     has_q = motion.orientation is not None
     omega = (
-        motion.omega if motion.omega is not None else (rates_from_orientation(t, motion.orientation) if has_q else None)
+        motion.omega
+        if motion.omega is not None
+        else (rates_from_orientation(t, motion.orientation, smooth=True) if has_q else None)
     )
     if omega is None:
         omega = np.zeros((len(t), 3))
