@@ -49,7 +49,6 @@ out and the fit repeated.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 
 import jax.numpy as jnp
@@ -57,6 +56,7 @@ import numpy as np
 
 from ._derived import FitError, parse_scale
 from ._lm import one_blas_thread
+from ._stored import warn_at_caller
 from ._model import (
     DRAG_KINDS,
     Spec,
@@ -194,11 +194,10 @@ def fit_inertia(
     spec = Spec(bool(tensor), drag, bool(bias))
     dtype = jnp.result_type(float)
     if jnp.dtype(dtype) != jnp.float64:
-        warnings.warn(
+        warn_at_caller(
             f"fit_inertia: fitting in {jnp.dtype(dtype).name} (JAX's default without 64-bit mode): round-off in the "
             "simulated rates and their derivatives can stall the optimiser (status 'stalled') and degrades the "
-            'standard errors; for a trustworthy fit enable float64 first: jax.config.update("jax_enable_x64", True)',
-            stacklevel=3,
+            'standard errors; for a trustworthy fit enable float64 first: jax.config.update("jax_enable_x64", True)'
         )
     run = _Run(segs, spec, scale, seed=seed, max_steps=max_steps, phase1_steps=phase1_steps, progress=progress)
     run.adapt = substeps == "auto"
@@ -266,13 +265,12 @@ def fit_inertia(
 
 def _warn(result: InertiaFit, substeps) -> None:
     if result.status != FitStatus.CONVERGED:
-        warnings.warn(f"fit_inertia: status {result.status.value}: {result.message}", stacklevel=4)
+        warn_at_caller(f"fit_inertia: status {result.status.value}: {result.message}")
     if substeps != "auto" and result.step_error and result.step_error["max_shift_se"] > 1.0:
         se_ = result.step_error
         worst = max(se_["shift_se"], key=lambda k_: abs(se_["shift_se"][k_]))
-        warnings.warn(
+        warn_at_caller(
             f"fit_inertia: the simulation's step error (substeps={substeps}) shifts the estimates by up to "
             f"{se_['max_shift_se']:.1f} standard errors ({worst}), which the reported errors do not include: use "
-            "substeps='auto' or raise substeps",
-            stacklevel=4,
+            "substeps='auto' or raise substeps"
         )

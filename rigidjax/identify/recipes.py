@@ -33,7 +33,6 @@ median sample interval above 0.5 s (most likely ms) raise :class:`rigidjax.ident
 from __future__ import annotations
 
 import math
-import warnings
 
 import jax.numpy as jnp
 import numpy as np
@@ -42,6 +41,7 @@ from ..body import RigidBody, RigidBodyState
 from ..io import Motion
 from ..midpoint import Midpoint
 from ._derived import FitError
+from ._stored import warn_at_caller
 from . import observations as obs
 from .problem import FreeBodyInitial, MeasuredSegment, Parameter, Problem
 from .transforms import MomentRatios, PrincipalMoments, Real
@@ -252,10 +252,9 @@ def free_body_problem(
         omega = np.zeros((len(t), 3))
     torque = motion.torque
     if torque is not None and not np.any(torque):
-        warnings.warn(
+        warn_at_caller(
             f"{motion.source}: the torque columns are all zero: torque-free motion fixes only the ratios "
-            "Ix/Iy, Iz/Iy (fitted instead of absolute moments)",
-            stacklevel=2,
+            "Ix/Iy, Iz/Iy (fitted instead of absolute moments)"
         )
         torque = None
     moments0 = _moments_start(t, omega, torque)
@@ -304,11 +303,10 @@ def free_body_problem(
         dt_max = float(np.max(np.diff(t)))
         substeps = max(1, math.ceil(float(np.max(np.linalg.norm(omega, axis=1)) * dt_max / 0.05)))
         if dt_max > GAP_RATIO * dt_med and substeps > 1:
-            warnings.warn(
+            warn_at_caller(
                 f"{motion.source}: a gap in the timestamps ({dt_max:.4g} s, {dt_max / dt_med:.0f}x the median "
                 f"interval) sets {substeps} sub-steps for every interval; cut the recording at the gap, or give "
-                "substeps (rigidjax fit --substeps)",
-                stacklevel=2,
+                "substeps (rigidjax fit --substeps)"
             )
     segment = MeasuredSegment(t=t, data=data, state0=state0, inputs=inputs, name=motion.source)
     model = RigidBody(
