@@ -9,7 +9,10 @@ Newton method and Kanzow, Yamashita & Fukushima, J. Comput. Appl. Math. 172, 200
 
 * active set: a variable at a bound whose gradient points out of the box (``x_i = lo_i``,
   ``g_i > 0``, or ``x_i = hi_i``, ``g_i < 0``) is held there for this iteration;
-* step on the free variables: ``(A_FF + lambda diag(A_FF)) h_F = -g_F`` (Marquardt scaling);
+* step on the free variables: ``(A_FF + lambda D_FF) h_F = -g_F`` with Marquardt's scaling
+  ``D = diag(A)``, or with ``running_scale`` its largest value over the iterates so far
+  (Moré, "The Levenberg-Marquardt algorithm: implementation and theory", 1978; MINPACK's
+  ``mode=1``), so that a coordinate whose column shrinks keeps its damping;
   a free variable at a bound whose step ``h_i`` points out of the box is held too and the step
   solved again (clipping it would leave a step the model does not predict),
   trial point ``P(x + h)`` (``P`` the projection onto the box, so a bound is reached
@@ -151,6 +154,7 @@ def solve(
     max_steps: int,
     state: dict | None = None,
     progress: Callable | None = None,
+    running_scale: bool = False,
 ) -> dict:
     """Run the bounded Levenberg-Marquardt iteration on a batch of problems.
 
@@ -164,6 +168,16 @@ def solve(
         max_steps: iterations in this call.
         state: a previous call's result to continue from (``x0`` is then ignored).
         progress: optional ``progress(n_active)`` after every iteration.
+        running_scale: damp with the largest ``diag(A)`` seen so far (see module) instead of
+            the current one. :func:`rigidjax.identify.fit` uses it: a ``Positive`` value's
+            column shrinks with the value (``exp(u)``), and with the current diagonal one
+            undamped step could send it 10 orders of magnitude down, where its gradient
+            vanishes (a fitted drag, started at the truth, ended ``stalled`` at 2e-14 with
+            4 % more cost; with the running scale: ``converged`` in 9 iterations; the 69
+            racquet windows through ``fit_many``: the same statuses, 490 iterations instead of
+            530). :func:`rigidjax.identify.fit_inertia` keeps the current diagonal: its
+            chart's columns shrink only on the way to a degenerate, rod-like minimum, which
+            it names (with the running scale that descent stops short of the rod).
 
     Returns:
         The state: ``x, cost, A, g, aux, ok, lam, nu, it`` (iterations, all calls),
@@ -191,6 +205,7 @@ def solve(
             it=np.zeros(x.shape[0], int),
             status=np.where(ok, int(LMStatus.MAX_STEPS), int(LMStatus.NONFINITE)),
             opt=np.where(ok, decrement(A, g, cost, x, lo, hi, floor), np.inf),
+            dscale=np.diagonal(A, axis1=1, axis2=2).copy(),
         )
         conv = ok & (state["opt"] <= tol)
         state["status"] = np.where(conv, int(LMStatus.CONVERGED), state["status"])
@@ -204,6 +219,9 @@ def solve(
         x, cost, A, g, lam, nu, lo, hi = (st[k][a] for k in ("x", "cost", "A", "g", "lam", "nu", "lo", "hi"))
         F = _free(x, g, lo, hi)
         dA = np.diagonal(A, axis1=1, axis2=2)
+        if running_scale:
+            dA = np.maximum(dA, st["dscale"][a])
+            st["dscale"][a] = dA
         scale = np.maximum(dA, 1e-12 * np.maximum(dA.max(1, keepdims=True), 1e-300))
         M_all = A + lam[:, None, None] * (scale[:, :, None] * eye)
         for _ in range(P):

@@ -17,7 +17,7 @@ from ..rollout import rollout
 from . import _across, _lm
 from ._lm import one_blas_thread
 from . import observations as obs
-from ._problem_result import ProblemFit, flat_values, result, value_names
+from ._problem_result import ProblemFit, flat_values, held_at_bounds, result, value_names
 from ._program import _common_length, _evaluator, call_rows, per_segment
 from ._program_key import _steps_part, _structure, _uncoupled
 from ._result import FitStatus
@@ -192,7 +192,7 @@ def _fit(
     # the random starts into the transforms' box (the given start is inside: _Layout checks it)
     X0 = np.clip(X0, lo, hi)
     eps = float(jnp.finfo(dtype).eps)
-    st = _lm.solve(evaluate, X0, np.arange(W * starts), lo, hi, eps=eps, max_steps=max_steps)
+    st = _lm.solve(evaluate, X0, np.arange(W * starts), lo, hi, eps=eps, max_steps=max_steps, running_scale=True)
     cost = np.where(st["ok"], st["cost"], np.inf).reshape(W, starts)
     best = np.argmin(np.where(np.isfinite(cost), cost, np.inf), axis=1)
     rows = np.arange(W) * starts + best
@@ -221,7 +221,7 @@ def _fit(
             res, x, g = refine_steps(
                 problem, lay, res, one, x, g, dtype, N, max_steps, step_check == "refine", sigma_rule, known
             )
-        held = _held(lay, x, g)
+        held = held_at_bounds(lay, x, g)
         if held:
             res = dataclasses.replace(res, message=f"{res.message}; held at a bound: {', '.join(held)}")
         return res
@@ -248,11 +248,18 @@ def _fit(
         lo_r, hi_r = np.stack([layouts[w].lo for w in which]), np.stack([layouts[w].hi for w in which])
         # rows w * starts: evaluate() reads a row's problem as row // starts
         r = _lm.solve(
-            evaluate, np.clip(X, lo_r, hi_r), which * starts, lo_r, hi_r, eps=eps, max_steps=_across.RESCUE_FIRST_STEPS
+            evaluate,
+            np.clip(X, lo_r, hi_r),
+            which * starts,
+            lo_r,
+            hi_r,
+            eps=eps,
+            max_steps=_across.RESCUE_FIRST_STEPS,
+            running_scale=True,
         )
         c1 = np.where(r["ok"], r["cost"], np.inf).reshape(len(ws), n)
         r = _lm.select(r, (np.argsort(c1, 1)[:, :keep] + np.arange(len(ws))[:, None] * n).ravel())
-        r = _lm.solve(evaluate, None, None, None, None, eps=eps, max_steps=max_steps, state=r)
+        r = _lm.solve(evaluate, None, None, None, None, eps=eps, max_steps=max_steps, state=r, running_scale=True)
         c2 = np.where(r["ok"], r["cost"], np.inf).reshape(len(ws), keep)
         found = {}
         for j, w in enumerate(ws):
@@ -416,24 +423,6 @@ def _check_signals(problem: Problem, layout: _Layout, dtype) -> None:
             )
     if key is not None:
         _SIGNALS_CHECKED.add(key)
-
-
-def _held(layout: _Layout, x, g) -> list[str]:
-    """``"name (Transform coordinate k) = bound (lower|upper)"`` for each coordinate the
-    optimiser holds at a bound at ``x`` (gradient ``g`` pointing out of the box, as
-    :mod:`rigidjax.identify._lm`'s active set): the bound is on the transform's coordinate,
-    not on the value (e.g. ``MomentRatios``' ``u = 1``: the edge ``Iz = Ix + Iy``)."""
-    lo_, hi_ = (x <= layout.lo) & (g > 0), (x >= layout.hi) & (g < 0)
-    out = []
-    for i in np.flatnonzero(lo_ | hi_):
-        for kind, name, tr, _, off, n in layout.slots:
-            if off <= i < off + n:
-                label = name if kind == "model" else f"{kind}.{name}"
-                k = f" {i - off}" if n > 1 else ""
-                out.append(
-                    f"{label} ({type(tr).__name__} coordinate{k}) = {x[i]:.6g} ({'lower' if lo_[i] else 'upper'} bound)"
-                )
-    return out
 
 
 def _model_mask(layout: _Layout) -> np.ndarray:

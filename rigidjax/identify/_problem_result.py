@@ -14,6 +14,7 @@ from ..info import Status
 from . import _lm
 from ._program_key import _stable_key, _structure
 from ._stored import stored
+from ._verdict import EDGE_PUSH
 from ._result import FitStatus, pm
 from .observations import data_of, data_width
 
@@ -267,6 +268,24 @@ def _values_and_jacobian(problem, layout, dtype):
     return values_and_jacobian
 
 
+def held_at_bounds(layout, x, g) -> list[str]:
+    """``"name (Transform coordinate k) = bound (lower|upper)"`` for each coordinate the
+    optimiser holds at a bound at ``x`` (gradient ``g`` pointing out of the box, as
+    :mod:`rigidjax.identify._lm`'s active set): the bound is on the transform's coordinate,
+    not on the value (e.g. ``MomentRatios``' ``u = 1``: the edge ``Iz = Ix + Iy``)."""
+    lo_, hi_ = (x <= layout.lo) & (g > 0), (x >= layout.hi) & (g < 0)
+    out = []
+    for i in np.flatnonzero(lo_ | hi_):
+        for kind, name, tr, _, off, n in layout.slots:
+            if off <= i < off + n:
+                label = name if kind == "model" else f"{kind}.{name}"
+                k = f" {i - off}" if n > 1 else ""
+                out.append(
+                    f"{label} ({type(tr).__name__} coordinate{k}) = {x[i]:.6g} ({'lower' if lo_[i] else 'upper'} bound)"
+                )
+    return out
+
+
 def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigma_rule: bool = True) -> ProblemFit:
     """The :class:`ProblemFit` of the best start ``b`` of the optimiser's state ``st``
     (``stacked``: the padded segments; padded samples enter no count or statistic).
@@ -352,6 +371,24 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
 
     names = value_names(values, sensor)
 
+    # the verdicts of fit_inertia on any problem: an optimum held at a bound of a transform's
+    # box while the data ask for values beyond it, and a moment known only to more than its
+    # transform's relative_se_max by the cost's own curvature (the classical error, as
+    # fit_inertia: whether the local model holds; the sandwich adds the model error)
+    held = held_at_bounds(layout, np.asarray(x), Jf.T @ rf)
+    push = 0.0
+    if held and rss > 0:
+        g = Jf.T @ rf
+        push = min(float(g @ Ainv @ g) / rss, 1.0)  # the unconstrained step's share of the cost
+    vague = []
+    for name, p in problem.parameters.items():
+        limit = getattr(p.transform, "relative_se_max", None)
+        if limit is not None:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                rel = np.ravel(np.asarray(se_classical[name]) / np.abs(np.asarray(values[name])))
+            if not np.all(rel <= limit):
+                vague.append((name, rel, limit))
+
     # per observation RMS in data units
     rms, col = [], 0
     for o in problem.observations:
@@ -401,6 +438,21 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
             FitStatus.POOR_FIT,
             f"the residuals are {np.sqrt(s2):.3g} times the stated sigma: the model does not describe the data "
             "(wrong units, e.g. deg/s or ms? a missing effect?) or sigma is too small",
+        )
+    elif push > EDGE_PUSH:
+        status, msg = (
+            FitStatus.POOR_FIT,
+            f"the data ask for values beyond the valid set: the minimum sits on its edge ({'; '.join(held)}), "
+            f"where a step without the bound would remove {100 * push:.0f} % of the residual sum of squares "
+            "(a missing effect, wrong axes or units, or not this model)",
+        )
+    elif vague:
+        status, msg = (
+            FitStatus.UNIDENTIFIABLE,
+            "the data determine "
+            + " and ".join(f"{name} only to " + ", ".join(f"±{100 * v:.0f} %" for v in rel) for name, rel, _ in vague)
+            + f" (relative standard errors above {100 * vague[0][2]:.0f} %: not determined; a longer recording or "
+            "livelier motion)",
         )
     elif lm_status == _lm.LMStatus.STALLED:
         status, msg = FitStatus.CONVERGED, f"first-order optimal to the cost's round-off (decrement {decrement:.1e})"

@@ -166,7 +166,16 @@ def refine_steps(problem, layout, out, run, x, g, dtype, N, max_steps, refine, s
         stacked, _, evaluate, run_one = _evaluator([problem], layout, dtype, N, 1)
         stacked, run = stacked[0], run_one(0)
         lo, hi = layout.lo[None], layout.hi[None]
-        st = _lm.solve(evaluate, x[None], np.arange(1), lo, hi, eps=float(jnp.finfo(dtype).eps), max_steps=max_steps)
+        st = _lm.solve(
+            evaluate,
+            x[None],
+            np.arange(1),
+            lo,
+            hi,
+            eps=float(jnp.finfo(dtype).eps),
+            max_steps=max_steps,
+            running_scale=True,
+        )
         finer = None
         if st["ok"][0] and np.isfinite(st["cost"][0]):
             finer = result(

@@ -15,17 +15,16 @@ import numpy as np
 
 from . import _lm
 from ._model import V_MAX, Spec
+from .transforms import REL_SE_MAX
 
 __all__ = ["REL_SE_MAX", "EDGE_PUSH", "CHI2_1_95", "edge_push", "degenerate"]
 
-#: Relative standard error of Ix/Iy or Iz/Iy above which the window is unidentifiable (the
-#: flattest racquet windows, on the thin-plate edge, are known to +-20-35 %).
-REL_SE_MAX = 0.5
 #: A window whose estimate sits on an edge of the physically valid set while the data ask
 #: for an inertia beyond it (the unconstrained Gauss-Newton step would remove more than this
 #: fraction of its cost) is a poor fit: not free flight, wrong axes or units, not rigid. On
 #: the 69 racquet windows, those on an edge would gain at most 24 % (principal moments) and
-#: 37 % (full tensor + drag).
+#: 37 % (full tensor + drag). The same rule judges any fit of :func:`rigidjax.identify.fit`
+#: held at a bound of a transform's box.
 EDGE_PUSH = 0.6
 #: A window whose optimiser ended without first-order optimality (``max_steps``,
 #: ``stalled``) at an inertia that is not rod-like heads for a degenerate minimum

@@ -27,11 +27,20 @@ message names the coordinates held there). What the result's ``status`` means:
   at a bound: the gradient points out of the box), every step of every rollout succeeded at
   the optimum, and the data determine every fitted coordinate (``J^T J`` well conditioned);
 * ``unidentifiable``: the optimum was reached but a combination of the fitted coordinates is
-  not determined (e.g. a frame offset and a free body's initial orientation);
+  not determined (e.g. a frame offset and a free body's initial orientation), or a value
+  whose transform declares ``relative_se_max`` (moments of inertia and their ratios: 50 %,
+  :data:`~rigidjax.identify.transforms.REL_SE_MAX`) has a larger relative classical
+  standard error: that far from the estimate the local model behind every standard error
+  does not hold (motion capture of 12 samples put a moment 11 standard errors from the
+  truth while the other two were known to +-350 %), as
+  :func:`~rigidjax.identify.fit_inertia` judges its ratios;
 * ``nonfinite``: a rollout step failed (a Newton solve, NaN) at the best point;
 * ``max_steps`` / ``stalled``: the optimiser's cap came first / no step lowered the cost;
 * ``poor_fit``: an optimum whose residuals are over 5 times the stated ``sigma`` (wrong units,
-  a missing effect, or a ``sigma`` too small);
+  a missing effect, or a ``sigma`` too small), or an optimum held at a bound of the box where
+  a step without the bound would remove more than 60 % of the residual sum of squares
+  (:data:`~rigidjax.identify._verdict.EDGE_PUSH`, fit_inertia's rule): the data ask for a body
+  beyond the valid set (a negative drag, an inertia violating the triangle inequality);
 * ``step_error``: an optimum, but the stepper's own error moves a value by more than 0.3
   standard errors after the step-error check below (raise ``Problem.substeps``).
 

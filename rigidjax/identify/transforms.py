@@ -33,7 +33,11 @@ be valid on the whole box, bounds included, and ``inverse`` must return a point 
 (:func:`rigidjax.identify.fit` checks it). A map whose coordinates carry the value's units
 may declare ``start_scale(u0) -> (size(like),)``, the random starts' perturbation per
 coordinate (times the fit's ``spread``) around the start's coordinates ``u0``; else 1
-(unitless coordinates: logarithms, ratios).
+(unitless coordinates: logarithms, ratios). A map of quantities that are determined only
+when their relative error is small (moments of inertia) may declare ``relative_se_max``: a
+fit at its optimum whose value has a relative standard error above it is
+``unidentifiable`` (the local model behind the standard errors does not hold that far from the
+estimate: see :mod:`rigidjax.identify.problem`).
 Uncertainties are reported on the values, mapped from ``u`` by the map's Jacobian (the delta
 method), so a positive quantity's interval is symmetric in its value, as printed. A
 coordinate held at a bound keeps the error of the unconstrained local model (see
@@ -43,6 +47,7 @@ coordinate held at a bound keeps the error of the unconstrained local model (see
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -59,7 +64,17 @@ __all__ = [
     "pseudo_inertia",
     "rigid_body_parameters",
     "bounds_of",
+    "REL_SE_MAX",
 ]
+
+#: Relative standard error above which a moment of inertia (or a ratio of two) is not
+#: determined by the data (:class:`MomentRatios`, :class:`PrincipalMoments`, and
+#: :func:`rigidjax.identify.fit_inertia`'s ratios): far beyond the local quadratic model of
+#: the cost, its standard errors say nothing. The flattest racquet windows, on the thin-plate
+#: edge, are known to +-20-35 %; motion capture of 12 samples (0.11 s, a third of a turn)
+#: put a moment 11 standard errors from the truth while the other two were known to
+#: +-350-730 %.
+REL_SE_MAX = 0.5
 
 
 def bounds_of(transform, like) -> tuple[np.ndarray, np.ndarray]:
@@ -243,6 +258,9 @@ class MomentRatios:
         v_max: the upper bound of ``v`` (default :data:`V_MAX`, as fit_inertia's).
     """
 
+    #: see the module: a value known only to more than this (relative) is not determined
+    relative_se_max: ClassVar[float] = REL_SE_MAX
+
     v_max: float = V_MAX
 
     def __post_init__(self):
@@ -305,6 +323,9 @@ class PrincipalMoments:
     into=PrincipalMoments.inertia, start=[Ix, Iy, Iz])``. ``inverse`` raises for moments that
     violate a triangle inequality (beyond round-off) or are not positive.
     """
+
+    #: see the module: a value known only to more than this (relative) is not determined
+    relative_se_max: ClassVar[float] = REL_SE_MAX
 
     def size(self, like) -> int:
         return 3
