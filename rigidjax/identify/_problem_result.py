@@ -14,7 +14,7 @@ from ..info import Status
 from . import _lm
 from ._program_key import _stable_key, _structure
 from ._stored import stored
-from ._verdict import EDGE_PUSH
+from . import _verdict
 from ._result import FitStatus, pm
 from .observations import data_of, data_width
 
@@ -380,14 +380,14 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
     if held and rss > 0:
         g = Jf.T @ rf
         push = min(float(g @ Ainv @ g) / rss, 1.0)  # the unconstrained step's share of the cost
-    vague = []
+    rel, limit = {}, np.inf  # value -> relative classical error, where the transform judges it
     for name, p in problem.parameters.items():
-        limit = getattr(p.transform, "relative_se_max", None)
-        if limit is not None:
+        if (lim := getattr(p.transform, "relative_se_max", None)) is not None:
             with np.errstate(divide="ignore", invalid="ignore"):
-                rel = np.ravel(np.asarray(se_classical[name]) / np.abs(np.asarray(values[name])))
-            if not np.all(rel <= limit):
-                vague.append((name, rel, limit))
+                r_ = np.ravel(np.asarray(se_classical[name]) / np.abs(np.asarray(values[name])))
+            rel.update({f"{name}[{k}]" if r_.size > 1 else name: float(v) for k, v in enumerate(r_)})
+            limit = min(limit, lim)
+    vague = {k: v for k, v in rel.items() if not v <= limit}
 
     # per observation RMS in data units
     rms, col = [], 0
@@ -411,12 +411,22 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
     resolution = float(np.sum(np.abs(r) * mag))
     lm_status = int(st["status"][b])
     decrement = float(st["opt"][b])
+    rss_left = decrement * rss  # the decrease of the RSS the Gauss-Newton model still promises
     weak = _weakest(V, w, names_x)
     weakly = f"; the data barely determine {weak} (condition number {cond:.1e})" if cond > 1e10 else ""
     if not np.all(ok):
         status, msg = FitStatus.NONFINITE, "a rollout step failed at the best point"
     elif dof < P:
         status, msg = FitStatus.UNIDENTIFIABLE, f"too few measured values ({m}) for {P} unknowns (need >= {2 * P})"
+    elif lm_status in (_lm.LMStatus.MAX_STEPS, _lm.LMStatus.STALLED) and (
+        why := _verdict.flat(rss_left, s2, singular, rel, limit)
+    ):
+        ended = "max_steps" if lm_status == _lm.LMStatus.MAX_STEPS else "stalled"
+        status, msg = (
+            FitStatus.UNIDENTIFIABLE,
+            f"the optimiser heads for a minimum the data do not determine ({ended} after {int(st['it'][b])} "
+            f"iterations): {why}" + (f" (the data do not determine {weak})" if singular else ""),
+        )
     elif lm_status == _lm.LMStatus.MAX_STEPS:
         status, msg = FitStatus.MAX_STEPS, "the iteration cap came first" + (weakly or " (raise max_steps)")
     elif lm_status == _lm.LMStatus.STALLED and decrement * 0.5 * rss > 10 * eps * resolution:
@@ -439,7 +449,7 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
             f"the residuals are {np.sqrt(s2):.3g} times the stated sigma: the model does not describe the data "
             "(wrong units, e.g. deg/s or ms? a missing effect?) or sigma is too small",
         )
-    elif push > EDGE_PUSH:
+    elif push > _verdict.EDGE_PUSH:
         status, msg = (
             FitStatus.POOR_FIT,
             f"the data ask for values beyond the valid set: the minimum sits on its edge ({'; '.join(held)}), "
@@ -450,8 +460,8 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
         status, msg = (
             FitStatus.UNIDENTIFIABLE,
             "the data determine "
-            + " and ".join(f"{name} only to " + ", ".join(f"±{100 * v:.0f} %" for v in rel) for name, rel, _ in vague)
-            + f" (relative standard errors above {100 * vague[0][2]:.0f} %: not determined; a longer recording or "
+            + ", ".join(f"{k} only to ±{100 * v:.0f} %" for k, v in vague.items())
+            + f" (relative standard errors above {100 * limit:.0f} %: not determined; a longer recording or "
             "livelier motion)",
         )
     elif lm_status == _lm.LMStatus.STALLED:

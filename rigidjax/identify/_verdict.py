@@ -17,7 +17,7 @@ from . import _lm
 from ._model import V_MAX, Spec
 from .transforms import REL_SE_MAX
 
-__all__ = ["REL_SE_MAX", "EDGE_PUSH", "CHI2_1_95", "edge_push", "degenerate"]
+__all__ = ["REL_SE_MAX", "EDGE_PUSH", "CHI2_1_95", "edge_push", "degenerate", "flat"]
 
 #: A window whose estimate sits on an edge of the physically valid set while the data ask
 #: for an inertia beyond it (the unconstrained Gauss-Newton step would remove more than this
@@ -92,15 +92,26 @@ def degenerate(st: dict, j: int, s2: float, singular: bool, rel) -> str | None:
         ratio = moments.max() / max(moments.min(), 1e-300)
         return f"its principal moments are already {ratio:.3g} : 1, a rod (a ratio beyond {V_MAX:g})"
     dec = 2.0 * float(st["opt"][j]) * max(float(st["cost"][j]), float(st["floor"][j]))
+    return flat(dec, s2, singular, {"Ix/Iy": rel[0], "Iz/Iy": rel[1]}, REL_SE_MAX)
+
+
+def flat(dec: float, s2: float, singular: bool, rel: dict, limit: float) -> str | None:
+    """Why a fit whose optimiser ended without first-order optimality heads for a minimum the
+    data do not determine (the flat part of :func:`degenerate`, for any problem), in words;
+    ``None`` where it may not. ``dec``: the decrease of the residual sum of squares its
+    Gauss-Newton model still promises; ``s2``: the residual variance; ``rel``: name ->
+    relative standard error of the values judged against ``limit``."""
     if not (np.isfinite(dec) and np.isfinite(s2) and s2 > 0 and dec < CHI2_1_95 * s2):
         return None
     rest = f"the rest of the descent would lower the residual sum of squares by {dec / s2:.2g} residual variances"
     if singular:
         return f"{rest} (insignificant), and there the normal equations are singular"
     kappa = math.sqrt(1.0 + dec / s2)
-    if max(rel) > 2 * kappa * REL_SE_MAX:
+    if rel and max(rel.values()) > 2 * kappa * limit:
         return (
-            f"{rest} (insignificant), and there Ix/Iy and Iz/Iy are known only to ±{100 * rel[0]:.0f} % and "
-            f"±{100 * rel[1]:.0f} %"
+            f"{rest} (insignificant), and there "
+            + " and ".join(rel)
+            + " are known only to "
+            + " and ".join(f"±{100 * v:.0f} %" for v in rel.values())
         )
     return None

@@ -33,7 +33,12 @@ message names the coordinates held there). What the result's ``status`` means:
   standard error: that far from the estimate the local model behind every standard error
   does not hold (motion capture of 12 samples put a moment 11 standard errors from the
   truth while the other two were known to +-350 %), as
-  :func:`~rigidjax.identify.fit_inertia` judges its ratios;
+  :func:`~rigidjax.identify.fit_inertia` judges its ratios; also an optimiser that ran out of
+  iterations or stalled where the decrease its Gauss-Newton model still promises is below
+  the 95 % quantile of chi^2(1) residual variances (insignificant) while the normal
+  equations are singular or such a value is known only to more than twice that limit
+  (:func:`rigidjax.identify._verdict.flat`, fit_inertia's rule): the descent heads for a
+  minimum the data do not determine;
 * ``nonfinite``: a rollout step failed (a Newton solve, NaN) at the best point;
 * ``max_steps`` / ``stalled``: the optimiser's cap came first / no step lowered the cost;
 * ``poor_fit``: an optimum whose residuals are over 5 times the stated ``sigma`` (wrong units,
