@@ -22,49 +22,14 @@ import pytest
 from scipy.integrate import solve_ivp
 from scipy.spatial.transform import Rotation
 
+from _kinematics import free_body_truth
+
 import rigidjax as rj
 from rigidjax import identify, so3
 from rigidjax.identify import observations as obs
 from rigidjax.identify import transforms as tr
 
 jax.config.update("jax_enable_x64", True)
-
-
-def _quat_mul(p, q):
-    w1, x1, y1, z1 = p
-    w2, x2, y2, z2 = q
-    return np.array(
-        [
-            w1 * w2 - x1 * x2 - y1 * y2 - z1 * z2,
-            w1 * x2 + x1 * w2 + y1 * z2 - z1 * y2,
-            w1 * y2 - x1 * z2 + y1 * w2 + z1 * x2,
-            w1 * z2 + x1 * y2 - y1 * x2 + z1 * w2,
-        ]
-    )
-
-
-def free_body_truth(inertia, w0, q0, t, torque=None):
-    """Body angular velocity (N, 3) and orientation (N, 4) of a rigid body with body torque
-    ``torque(t) (3,)`` (piecewise constant at the sample intervals) by DOP853, rtol 1e-12."""
-    I = np.diag(inertia)
-    Iinv = np.linalg.inv(I)
-
-    def rhs(s, y, tau):
-        w, q = y[:3], y[3:]
-        dw = Iinv @ (np.cross(I @ w, w) + tau)
-        dq = 0.5 * _quat_mul(q, np.concatenate([[0.0], w]))
-        return np.concatenate([dw, dq])
-
-    y = np.concatenate([w0, q0])
-    out = [y]
-    for i in range(len(t) - 1):
-        tau = np.zeros(3) if torque is None else torque[i]
-        sol = solve_ivp(rhs, (t[i], t[i + 1]), y, method="DOP853", rtol=1e-12, atol=1e-14, args=(tau,))
-        y = sol.y[:, -1]
-        out.append(y)
-    Y = np.array(out)
-    q = Y[:, 3:] / np.linalg.norm(Y[:, 3:], axis=1, keepdims=True)
-    return Y[:, :3], q
 
 
 def _state0(w0, q0=(1.0, 0, 0, 0)):

@@ -43,6 +43,7 @@ from scipy.spatial.transform import Rotation
 from ..midpoint import angular_velocity_step
 from ..reference import euler_omega
 from ._stored import stored
+from .transforms import _nearest_axes
 
 DRAG_KINDS = (None, "isotropic", "diagonal")
 #: Edge of the search: the second moment ``v`` (about the largest moment ratio) at most this.
@@ -225,25 +226,6 @@ def theta_phys(theta: np.ndarray, spec: Spec) -> np.ndarray:
     iyy = th[:, 1:2]
     comps = th[:, [0, 2, 3, 4, 5]] if spec.tensor else th[:, [0, 2]]
     return np.concatenate([comps, th[:, spec.n_icomp :]], 1) / iyy
-
-
-def _nearest_axes(R: np.ndarray) -> np.ndarray:
-    """Permute and sign the columns of the rotation ``R`` (principal axes) so that column i
-    is the principal axis nearest sensor axis i, keeping ``det = +1``."""
-    import itertools
-
-    best, best_score = None, -1.0
-    for perm in itertools.permutations(range(3)):
-        score = sum(abs(R[i, perm[i]]) for i in range(3))
-        if score > best_score:
-            best, best_score = perm, score
-    Q = R[:, list(best)].copy()
-    for i in range(3):
-        if Q[i, i] < 0:
-            Q[:, i] = -Q[:, i]
-    if np.linalg.det(Q) < 0:
-        Q[:, 0] = -Q[:, 0]
-    return Q, list(best)
 
 
 def theta_chart(theta: np.ndarray, spec: Spec):

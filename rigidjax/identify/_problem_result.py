@@ -385,7 +385,9 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
         if (lim := getattr(p.transform, "relative_se_max", None)) is not None:
             with np.errstate(divide="ignore", invalid="ignore"):
                 r_ = np.ravel(np.asarray(se_classical[name]) / np.abs(np.asarray(values[name])))
-            rel.update({f"{name}[{k}]" if r_.size > 1 else name: float(v) for k, v in enumerate(r_)})
+            entries = getattr(p.transform, "relative_entries", range(r_.size))
+            r_ = {k: r_[k] for k in entries}
+            rel.update({f"{name}[{k}]" if np.size(values[name]) > 1 else name: float(v) for k, v in r_.items()})
             limit = min(limit, lim)
     vague = {k: v for k, v in rel.items() if not v <= limit}
 

@@ -16,6 +16,9 @@ visits is a valid model:
 * :class:`PrincipalMoments`: principal moments ``(Ix, Iy, Iz)`` (kg m^2) from the second
   moments of the mass distribution, each ``>= 0``: the same edges, reached exactly, for
   absolute moments (known torques);
+* :class:`TensorRatios` and :class:`InertiaTensor`: the full inertia tensor (over ``I_yy``, or
+  in kg m^2) from the principal second moments in the same box and the principal axes
+  ``Exp(phi)``;
 * :class:`PseudoInertia`: the 10 inertial parameters of a rigid body (mass, centre of mass,
   inertia tensor) through the log-Cholesky factor of the pseudo-inertia matrix (Rucker &
   Wensing, "Smooth parameterization of rigid-body inertia", IEEE RA-L 7(2), 2022): every
@@ -37,7 +40,8 @@ coordinate (times the fit's ``spread``) around the start's coordinates ``u0``; e
 when their relative error is small (moments of inertia) may declare ``relative_se_max``: a
 fit at its optimum whose value has a relative standard error above it is
 ``unidentifiable`` (the local model behind the standard errors does not hold that far from the
-estimate: see :mod:`rigidjax.identify.problem`).
+estimate: see :mod:`rigidjax.identify.problem`), on the entries of the flattened value
+``relative_entries`` where it declares them (else every entry).
 Uncertainties are reported on the values, mapped from ``u`` by the map's Jacobian (the delta
 method), so a positive quantity's interval is symmetric in its value, as printed. A
 coordinate held at a bound keeps the error of the unconstrained local model (see
@@ -51,7 +55,11 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import itertools
+
 import numpy as np
+
+from .. import so3
 
 __all__ = [
     "Real",
@@ -60,6 +68,8 @@ __all__ = [
     "Box",
     "MomentRatios",
     "PrincipalMoments",
+    "TensorRatios",
+    "InertiaTensor",
     "PseudoInertia",
     "pseudo_inertia",
     "rigid_body_parameters",
@@ -361,6 +371,182 @@ class PrincipalMoments:
         """``diag(Ix, Iy, Iz)`` (3, 3) of the moments ``m (3,)`` (JAX): the ``into`` of a
         :class:`rigidjax.identify.Parameter` on a rigid body's inertia."""
         return jnp.diag(jnp.asarray(m))
+
+
+def _nearest_axes(R: np.ndarray) -> np.ndarray:
+    """Permute and sign the columns of the rotation ``R`` (principal axes) so that column i
+    is the principal axis nearest sensor axis i, keeping ``det = +1``."""
+    best, best_score = None, -1.0
+    for perm in itertools.permutations(range(3)):
+        score = sum(abs(R[i, perm[i]]) for i in range(3))
+        if score > best_score:
+            best, best_score = perm, score
+    Q = R[:, list(best)].copy()
+    for i in range(3):
+        if Q[i, i] < 0:
+            Q[:, i] = -Q[:, i]
+    if np.linalg.det(Q) < 0:
+        Q[:, 0] = -Q[:, 0]
+    return Q, list(best)
+
+
+def _principal_frame(tensor, name: str):
+    """NumPy: a symmetric, positive definite tensor ``(3, 3)`` -> its principal moments
+    ``(3,)`` and the rotation vector ``phi (3,)`` of its principal axes (``R = Exp(phi)``, the
+    columns the axes nearest the frame's x, y, z: ``|phi| <= pi``, near 0 for a body whose
+    principal axes are near the frame's). Raises for a tensor that is not symmetric or not
+    positive definite."""
+    from scipy.spatial.transform import Rotation
+
+    T = np.asarray(tensor, float)
+    if T.shape != (3, 3) or not np.all(np.isfinite(T)):
+        raise ValueError(f"{name}: the start must be a finite (3, 3) inertia tensor; got {tensor!r}")
+    if not np.allclose(T, T.T, rtol=1e-10, atol=1e-12 * np.max(np.abs(T))):
+        raise ValueError(f"{name}: the start tensor is not symmetric: {T.tolist()}")
+    w, V = np.linalg.eigh(0.5 * (T + T.T))
+    if not np.all(w > 0):
+        raise ValueError(f"{name}: the start tensor is not positive definite (principal moments {w})")
+    if np.linalg.det(V) < 0:
+        V[:, 0] = -V[:, 0]
+    Q, perm = _nearest_axes(V)
+    return w[perm], Rotation.from_matrix(Q).as_rotvec()
+
+
+def _rotated(moments, phi):
+    """JAX: ``R diag(moments) R^T`` with ``R = Exp(phi)`` (the principal axes as columns)."""
+    R = so3.to_matrix(so3.exp(phi))
+    return (R * moments) @ R.T
+
+
+def _second_moments(moments, name: str) -> np.ndarray:
+    """NumPy: principal moments -> second moments ``L = sum(I) / 2 - I``, raising where a
+    triangle inequality fails beyond round-off (a face given by its equality, up to the
+    eigendecomposition's round-off, is put on it: ``L = 0`` exactly)."""
+    L = np.sum(moments) / 2 - moments
+    tol = 8 * np.finfo(float).eps * np.max(moments)
+    if np.any(L < -tol):
+        raise ValueError(
+            f"{name}: principal moments {moments} are not a physical body (the triangle inequalities: each moment "
+            "at most the sum of the other two)"
+        )
+    return np.where(L <= tol, 0.0, L)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorRatios:
+    r"""The full inertia tensor over ``I_yy`` (sensor axes): ``value = [Ix/Iy, Iz/Iy, Ixy/Iy,
+    Ixz/Iy, Iyz/Iy]`` (shape ``(5,)``; ``Ixy`` the tensor's entry ``I[0, 1]``, as
+    :func:`rigidjax.identify.fit_inertia` reports with ``tensor=True``) from 5 coordinates
+    ``(u, v, phi)``: the principal moments of :class:`MomentRatios`' box, ``(v + 1 - u, 1, u +
+    v)``, along the principal axes ``R = Exp(phi)``,
+
+    .. math:: I = R\,\mathrm{diag}(v + 1 - u,\; 1,\; u + v)\,R^T / (\ldots)_{yy},
+
+    every point a physical body, the thin-plate edges (``u = 0, 1``, ``v = 0``) reached exactly
+    by the bounded optimiser; ``phi`` is free (the chart of ``fit_inertia(tensor=True)`` with
+    its reference axes the sensor axes: ``inverse`` takes the principal axes nearest the sensor
+    axes, so ``phi`` starts near 0 for a body whose principal axes are near the sensor's). For
+    torque-free motion, which fixes the tensor only up to a factor. Two equal principal moments
+    leave the rotation about their common axis undetermined: singular normal equations, the
+    fit ``unidentifiable``.
+
+    Use with ``Parameter(lambda m: m.inertia, TensorRatios(), into=TensorRatios.inertia,
+    start=[Ix/Iy, Iz/Iy, Ixy/Iy, Ixz/Iy, Iyz/Iy])``. ``inverse`` raises for a tensor that is not
+    positive definite, violates a triangle inequality, or lies beyond ``v_max``.
+
+    Args:
+        v_max: the upper bound of ``v`` (default :data:`V_MAX`).
+    """
+
+    #: see the module; judged on the diagonal ratios (the products of inertia may be 0)
+    relative_se_max: ClassVar[float] = REL_SE_MAX
+    relative_entries: ClassVar[tuple] = (0, 1)
+
+    v_max: float = V_MAX
+
+    def __post_init__(self):
+        if not (np.isfinite(self.v_max) and self.v_max > 0):
+            raise ValueError(f"TensorRatios: v_max must be a finite number > 0; got {self.v_max}")
+        object.__setattr__(self, "v_max", float(self.v_max))
+
+    def size(self, like) -> int:
+        return 5
+
+    def bounds(self, like):
+        return np.array([0.0, 0.0, -np.inf, -np.inf, -np.inf]), np.array([1.0, self.v_max, np.inf, np.inf, np.inf])
+
+    def forward(self, u, like):
+        u = jnp.asarray(u)
+        moments = jnp.stack([u[1] + 1 - u[0], jnp.ones_like(u[0]), u[0] + u[1]])
+        i = _rotated(moments, u[2:5])
+        return jnp.stack([i[0, 0], i[2, 2], i[0, 1], i[0, 2], i[1, 2]]) / i[1, 1]
+
+    def inverse(self, value) -> np.ndarray:
+        r = np.ravel(np.asarray(value, float))
+        if r.shape != (5,) or not np.all(np.isfinite(r)):
+            raise ValueError(
+                f"TensorRatios: the start must be 5 finite ratios [Ix/Iy, Iz/Iy, Ixy/Iy, Ixz/Iy, Iyz/Iy]; got {value!r}"
+            )
+        moments, phi = _principal_frame(np.asarray(self.inertia(r)), "TensorRatios")
+        L = _second_moments(moments / moments[1], "TensorRatios")
+        u, v = L[0], L[1]
+        if v > self.v_max:
+            raise ValueError(f"TensorRatios: principal moments {moments} are beyond the search (v_max)")
+        return np.concatenate([[min(u, 1.0), v], phi])
+
+    @staticmethod
+    def inertia(r):
+        """The tensor ``(3, 3)`` with ``I_yy = 1`` of the ratios ``r (5,)`` (JAX): the ``into``
+        of a :class:`rigidjax.identify.Parameter` on a rigid body's inertia."""
+        r = jnp.asarray(r)
+        one = jnp.ones_like(r[0])
+        return jnp.stack([jnp.stack([r[0], r[2], r[3]]), jnp.stack([r[2], one, r[4]]), jnp.stack([r[3], r[4], r[1]])])
+
+
+@dataclasses.dataclass(frozen=True)
+class InertiaTensor:
+    r"""A full inertia tensor ``value`` (kg m^2, shape ``(3, 3)``, body axes about the centre
+    of mass) from 6 coordinates ``(L, phi)``: the second moments of the mass distribution
+    ``L = (L_1, L_2, L_3) >= 0`` along the principal axes ``R = Exp(phi)``,
+
+    .. math:: I = R\,\mathrm{diag}(L_2 + L_3,\; L_1 + L_3,\; L_1 + L_2)\,R^T,
+
+    every point a physical body (positive semidefinite second moments: the triangle
+    inequalities), the faces ``L_k = 0`` (thin plates) reached exactly by the bounded
+    optimiser; ``phi`` is free (``inverse`` takes the principal axes nearest the body axes).
+    The tensor alone of :class:`PseudoInertia`'s 10 parameters, for a fit whose mass and centre
+    of mass are known (known torques on a free body); :class:`PrincipalMoments` with rotated
+    axes. Two equal principal moments leave the rotation about their common axis undetermined
+    (singular normal equations).
+
+    Use with ``Parameter(lambda m: m.inertia, InertiaTensor(), start=I0)``. ``inverse`` raises
+    for a tensor that is not symmetric, not positive definite or violates a triangle
+    inequality.
+    """
+
+    #: see the module; judged on the diagonal (the products of inertia may be 0)
+    relative_se_max: ClassVar[float] = REL_SE_MAX
+    relative_entries: ClassVar[tuple] = (0, 4, 8)
+
+    def size(self, like) -> int:
+        return 6
+
+    def bounds(self, like):
+        return np.r_[np.zeros(3), np.full(3, -np.inf)], np.full(6, np.inf)
+
+    def start_scale(self, u0):
+        """The random starts' perturbation per coordinate (times ``spread``): the start's mean
+        second moment for ``L`` (any units), 1 rad for ``phi``."""
+        return np.r_[np.full(3, max(float(np.mean(u0[:3])), np.finfo(float).tiny)), np.ones(3)]
+
+    def forward(self, u, like):
+        u = jnp.asarray(u)
+        moments = jnp.stack([u[1] + u[2], u[0] + u[2], u[0] + u[1]])
+        return _rotated(moments, u[3:6])
+
+    def inverse(self, value) -> np.ndarray:
+        moments, phi = _principal_frame(value, "InertiaTensor")
+        return np.concatenate([_second_moments(moments, "InertiaTensor"), phi])
 
 
 def _upper(u):
