@@ -13,13 +13,21 @@ ended ``max_steps`` after 424 iterations with a message saying "within 200 itera
 Compilation: windows padded to 64 samples (test_identify.py pads to 128): its own programs.
 """
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
+import rigidjax as rj
+from rigidjax import identify
 from rigidjax.identify import FitStatus, fit_inertia
+from rigidjax.identify import observations as obs
+from rigidjax.identify import transforms as tr
 from rigidjax.io import Segment
 from rigidjax.reference import euler_omega
+
+jax.config.update("jax_enable_x64", True)
 
 FULL = dict(tensor=True, drag="isotropic", bias=True)
 
@@ -33,6 +41,41 @@ def _short_plate_window(seed: int, n: int = 22) -> Segment:
     w = euler_omega(inertia, w0, t, damping=0.07, rtol=1e-12)
     w = w + np.array([0.004, -0.003, 0.002]) + 0.01 * rng.normal(size=w.shape)
     return Segment(t, w, name=f"short plate window {seed}")
+
+
+def test_layer_fit_heading_for_a_rod_is_unidentifiable():
+    """The same window through the general layer with fit_inertia's full model
+    (``TensorRatios``, an isotropic drag >= 0, a gyroscope bias): the optimiser runs out of
+    iterations on its way to a rod, and the layer says so (the transform's ``degenerate``), as
+    fit_inertia does."""
+    seg = _short_plate_window(0)
+    state0 = rj.RigidBodyState(orientation=jnp.array([1.0, 0, 0, 0]), angular_velocity=jnp.asarray(seg.omega[0]))
+    problem = identify.Problem(
+        model=rj.RigidBody(1.0, np.eye(3)),
+        stepper=rj.Midpoint(),
+        parameters={
+            "ratios": identify.Parameter(
+                lambda m: m.inertia,
+                tr.TensorRatios(),
+                into=tr.TensorRatios.inertia,
+                start=np.array([1.2, 1.5, 0, 0, 0]),
+            ),
+            "drag": identify.Parameter(
+                lambda m: m.resistance,
+                tr.Box(0.0, np.inf),
+                into=lambda c: jnp.zeros((6, 6), c.dtype).at[3:, 3:].set(c * jnp.eye(3)),
+                start=np.array(0.02),
+            ),
+        },
+        observations=[obs.AngularVelocity(bias=True, sigma=0.01)],
+        segments=[identify.MeasuredSegment(t=seg.t - seg.t[0], data={"omega": seg.omega}, state0=state0)],
+        initial=identify.FreeBodyInitial(("angular_velocity",)),
+        substeps=2,
+    )
+    f = identify.fit(problem, starts=8, max_steps=200)
+    assert f.status == FitStatus.UNIDENTIFIABLE, f.message
+    assert "the optimiser heads for (max_steps after 200 iterations) a degenerate, rod-like inertia" in f.message
+    assert "a rod (a ratio beyond 10000)" in f.message
 
 
 @pytest.mark.parametrize("max_steps", [200, 1000])

@@ -390,6 +390,11 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
             rel.update({f"{name}[{k}]" if np.size(values[name]) > 1 else name: float(v) for k, v in r_.items()})
             limit = min(limit, lim)
     vague = {k: v for k, v in rel.items() if not v <= limit}
+    rods = [
+        f"{name}: {why}"
+        for kind, name, tr, _, off, n in layout.slots
+        if kind == "model" and hasattr(tr, "degenerate") and (why := tr.degenerate(np.asarray(x)[off : off + n]))
+    ]
 
     # per observation RMS in data units
     rms, col = [], 0
@@ -420,6 +425,17 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
         status, msg = FitStatus.NONFINITE, "a rollout step failed at the best point"
     elif dof < P:
         status, msg = FitStatus.UNIDENTIFIABLE, f"too few measured values ({m}) for {P} unknowns (need >= {2 * P})"
+    elif rods and lm_status in (_lm.LMStatus.CONVERGED, _lm.LMStatus.MAX_STEPS, _lm.LMStatus.STALLED):
+        where = (
+            "the least-squares minimum lies at"
+            if lm_status == _lm.LMStatus.CONVERGED
+            else f"the optimiser heads for ({'max_steps' if lm_status == _lm.LMStatus.MAX_STEPS else 'stalled'} after "
+            f"{int(st['it'][b])} iterations)"
+        )
+        status, msg = (
+            FitStatus.UNIDENTIFIABLE,
+            f"{where} a degenerate, rod-like inertia ({'; '.join(rods)}): the data do not determine the inertia",
+        )
     elif lm_status in (_lm.LMStatus.MAX_STEPS, _lm.LMStatus.STALLED) and (
         why := _verdict.flat(rss_left, s2, singular, rel, limit)
     ):

@@ -38,7 +38,8 @@ message names the coordinates held there). What the result's ``status`` means:
   the 95 % quantile of chi^2(1) residual variances (insignificant) while the normal
   equations are singular or such a value is known only to more than twice that limit
   (:func:`rigidjax.identify._verdict.flat`, fit_inertia's rule): the descent heads for a
-  minimum the data do not determine;
+  minimum the data do not determine; or an inertia whose transform declares ``degenerate``
+  ending at, or heading for, a rod-like body (a principal moment 1e4 times another);
 * ``nonfinite``: a rollout step failed (a Newton solve, NaN) at the best point;
 * ``max_steps`` / ``stalled``: the optimiser's cap came first / no step lowered the cost;
 * ``poor_fit``: an optimum whose residuals are over 5 times the stated ``sigma`` (wrong units,

@@ -41,7 +41,11 @@ when their relative error is small (moments of inertia) may declare ``relative_s
 fit at its optimum whose value has a relative standard error above it is
 ``unidentifiable`` (the local model behind the standard errors does not hold that far from the
 estimate: see :mod:`rigidjax.identify.problem`), on the entries of the flattened value
-``relative_entries`` where it declares them (else every entry).
+``relative_entries`` where it declares them (else every entry). An inertia map may declare
+``degenerate(u) -> str | None``: why the coordinates ``u`` are a degenerate body (a rod: the
+largest principal moment :data:`V_MAX` times the smallest or more, where a simulation is
+ill-conditioned and the data determine nothing); a fit ending there, or heading there when
+it stops, is ``unidentifiable``.
 Uncertainties are reported on the values, mapped from ``u`` by the map's Jacobian (the delta
 method), so a positive quantity's interval is symmetric in its value, as printed. A
 coordinate held at a bound keeps the error of the unconstrained local model (see
@@ -239,6 +243,15 @@ class Box:
 V_MAX = 1e4
 
 
+def _rod(moments, v_max: float) -> str | None:
+    """Why principal ``moments (3,)`` are a degenerate, rod-like body (the largest
+    :data:`V_MAX` times the smallest or more), in words; else ``None``."""
+    m = np.asarray(moments, float)
+    if m.max() >= v_max * m.min():
+        return f"principal moments {m.max() / max(m.min(), 1e-300):.3g} : 1, a rod (a ratio beyond {v_max:g})"
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class MomentRatios:
     r"""Principal-moment ratios ``value = [Ix/Iy, Iz/Iy]`` (shape ``(2,)``) from 2 coordinates
@@ -283,6 +296,10 @@ class MomentRatios:
 
     def bounds(self, like):
         return np.array([0.0, 0.0]), np.array([1.0, self.v_max])
+
+    def degenerate(self, u) -> str | None:
+        """Why the coordinates ``u`` are a rod-like body (see the module), else ``None``."""
+        return _rod([u[1] + 1 - u[0], 1.0, u[0] + u[1]], self.v_max)
 
     def forward(self, u, like):
         u = jnp.asarray(u)
@@ -342,6 +359,10 @@ class PrincipalMoments:
 
     def bounds(self, like):
         return np.zeros(3), np.full(3, np.inf)
+
+    def degenerate(self, u) -> str | None:
+        """Why the second moments ``u`` are a rod-like body (see the module), else ``None``."""
+        return _rod([u[1] + u[2], u[0] + u[2], u[0] + u[1]], V_MAX)
 
     def start_scale(self, u0):
         """The random starts' perturbation per coordinate (times ``spread``): the start's mean
@@ -472,6 +493,10 @@ class TensorRatios:
     def size(self, like) -> int:
         return 5
 
+    def degenerate(self, u) -> str | None:
+        """Why the coordinates ``u`` are a rod-like body (see the module), else ``None``."""
+        return _rod([u[1] + 1 - u[0], 1.0, u[0] + u[1]], self.v_max)
+
     def bounds(self, like):
         return np.array([0.0, 0.0, -np.inf, -np.inf, -np.inf]), np.array([1.0, self.v_max, np.inf, np.inf, np.inf])
 
@@ -530,6 +555,10 @@ class InertiaTensor:
 
     def size(self, like) -> int:
         return 6
+
+    def degenerate(self, u) -> str | None:
+        """Why the coordinates ``u`` are a rod-like body (see the module), else ``None``."""
+        return _rod([u[1] + u[2], u[0] + u[2], u[0] + u[1]], V_MAX)
 
     def bounds(self, like):
         return np.r_[np.zeros(3), np.full(3, -np.inf)], np.full(6, np.inf)
