@@ -1,5 +1,10 @@
 r"""Ready-made :class:`rigidjax.identify.Problem`\ s for common recordings.
 
+:func:`window_problems` turns free-flight windows seen by a gyroscope into one problem per
+window of :func:`~rigidjax.identify.fit_inertia`'s per-window model, for
+:func:`~rigidjax.identify.fit_many` (``groups``: the recordings) and
+:func:`~rigidjax.identify.combine`.
+
 :func:`free_body_problem` turns one :class:`rigidjax.io.Motion` (a free or torque-driven rigid
 body seen by a gyroscope, motion capture and/or a position tracker) into a problem for
 :func:`rigidjax.identify.fit`, with start values from the data:
@@ -44,10 +49,14 @@ from ._derived import FitError
 from ._stored import warn_at_caller
 from . import observations as obs
 from .problem import FreeBodyInitial, MeasuredSegment, Parameter, Problem
-from .transforms import MomentRatios, PrincipalMoments, Real
+from ._model import Spec, equation_error_guess, theta_chart
+from ._windows import _as_segments, _initial_substeps, _recording_labels
+from .transforms import Box, MomentRatios, PrincipalMoments, Real, TensorRatios
 
 __all__ = [
     "free_body_problem",
+    "window_problems",
+    "window_groups",
     "noise_level",
     "rates_from_orientation",
     "smoothed_rates",
@@ -321,3 +330,113 @@ def free_body_problem(
         initial=FreeBodyInitial(tuple(fields)),
         substeps=int(substeps),
     )
+
+
+# ----------------------------------------------------------------------------- gyroscope windows
+
+
+def _inertia(m):
+    return m.inertia
+
+
+def _resistance(m):
+    return m.resistance
+
+
+def isotropic_drag(c):
+    """The resistance ``(6, 6)`` of an angular drag ``c I_3`` (N m s, over ``I_yy`` in a ratio
+    fit), no translational drag: the ``into`` of a drag :class:`Parameter` (JAX)."""
+    c = jnp.asarray(c)
+    return jnp.zeros((6, 6), c.dtype).at[3:, 3:].set(c * jnp.eye(3, dtype=c.dtype))
+
+
+def diagonal_drag(d):
+    """The resistance ``(6, 6)`` of an angular drag ``diag(d)`` (sensor axes), as
+    :func:`isotropic_drag`."""
+    d = jnp.asarray(d)
+    return jnp.zeros((6, 6), d.dtype).at[3:, 3:].set(jnp.diag(d))
+
+
+#: One stepper and one initial-state object for every window problem: problems of one
+#: structure share one compiled program. No rotation limit per step: the sub-steps are chosen
+#: from the rates (fit_inertia's rule).
+_WINDOW = {}
+
+
+def _window_parts():
+    if not _WINDOW:
+        _WINDOW.update(stepper=Midpoint(max_rotation=float("inf")), initial=FreeBodyInitial(("angular_velocity",)))
+    return _WINDOW["stepper"], _WINDOW["initial"]
+
+
+def window_groups(segments) -> list[str]:
+    """The recording of each window (its ``Segment.source``, relative to the folder all
+    sources share), as :func:`~rigidjax.identify.fit_inertia` names them: the ``groups`` of
+    :func:`~rigidjax.identify.fit_many` and :func:`~rigidjax.identify.combine`."""
+    return _recording_labels(_as_segments(segments))
+
+
+def window_problems(segments, *, tensor: bool = False, drag: str | None = None, bias: bool = False, substeps="auto"):
+    """:func:`~rigidjax.identify.fit_inertia`'s per-window model as one
+    :class:`~rigidjax.identify.Problem` per free-flight window, all of one structure (one
+    compiled program for :func:`~rigidjax.identify.fit_many`).
+
+    Each problem: the ratios over ``I_yy`` (:class:`~rigidjax.identify.transforms.MomentRatios`,
+    or the full tensor with ``tensor``: :class:`~rigidjax.identify.transforms.TensorRatios`),
+    an angular drag over ``I_yy`` (``drag``: ``"isotropic"``, :func:`isotropic_drag`, or
+    ``"diagonal"``, :func:`diagonal_drag`, each ``>= 0`` in a
+    :class:`~rigidjax.identify.transforms.Box`), the window's initial rate, the gyroscope
+    (``bias``: a constant bias per window) with the window's noise level as sigma
+    (:func:`noise_level`); started from fit_inertia's equation-error estimate projected onto
+    the valid box; its sub-steps per sample interval fit_inertia's (``"auto"``: from the
+    rates, 0.2 rad per sub-step) or ``substeps``. Times start at 0 in every window.
+
+    Args:
+        segments: as :func:`~rigidjax.identify.fit_inertia`'s (``Segment`` s, one, a path, or
+            ``(t, omega)``).
+        tensor, drag, bias: the model, as fit_inertia's options.
+        substeps: ``"auto"`` or a count for every window.
+
+    Returns:
+        ``list[Problem]``, the windows' order; names the windows' (``Segment.name``).
+    """
+    segs = _as_segments(segments)
+    spec = Spec(bool(tensor), drag, bool(bias))
+    ks = _initial_substeps(segs, None if substeps == "auto" else substeps)
+    stepper, initial = _window_parts()
+    problems = []
+    for s, k in zip(segs, ks):
+        theta = equation_error_guess([s], spec)
+        xs, R = theta_chart(np.ones(spec.n_theta) if theta is None else theta, spec)
+        u, v = xs[0, :2]
+        moments = np.array([v + 1 - u, 1.0, u + v])
+        inertia = R[0] @ np.diag(moments) @ R[0].T  # I_2 = 1
+        params = {}
+        if tensor:
+            ratios = (
+                np.array([inertia[0, 0], inertia[2, 2], inertia[0, 1], inertia[0, 2], inertia[1, 2]]) / inertia[1, 1]
+            )
+            params["ratios"] = Parameter(_inertia, TensorRatios(), into=TensorRatios.inertia, start=ratios)
+        else:
+            params["ratios"] = Parameter(_inertia, MomentRatios(), into=MomentRatios.inertia, start=moments[[0, 2]])
+        if drag is not None:
+            c = xs[0, 2 + 3 * spec.tensor :] / inertia[1, 1]  # drag over I_2 -> over I_yy
+            into = isotropic_drag if drag == "isotropic" else diagonal_drag
+            params["drag"] = Parameter(
+                _resistance, Box(0.0, np.inf), into=into, start=c[0] if drag == "isotropic" else c
+            )
+        state0 = RigidBodyState(orientation=jnp.array([1.0, 0, 0, 0]), angular_velocity=jnp.asarray(s.omega[0]))
+        problems.append(
+            Problem(
+                model=RigidBody(1.0, jnp.eye(3)),
+                stepper=stepper,
+                parameters=params,
+                observations=[obs.AngularVelocity(bias=bool(bias), sigma=noise_level(s.omega))],
+                segments=[
+                    MeasuredSegment(t=s.t - s.t[0], data={"omega": s.omega}, state0=state0, name=s.name or s.source)
+                ],
+                initial=initial,
+                substeps=int(k),
+            )
+        )
+    return problems
