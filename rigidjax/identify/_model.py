@@ -43,7 +43,7 @@ from scipy.spatial.transform import Rotation
 from ..midpoint import angular_velocity_step
 from ..reference import euler_omega
 from ._stored import stored
-from .transforms import _nearest_axes
+from ._charts import _nearest_axes
 
 DRAG_KINDS = (None, "isotropic", "diagonal")
 #: Edge of the search: the second moment ``v`` (about the largest moment ratio) at most this.
