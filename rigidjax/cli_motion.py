@@ -99,7 +99,12 @@ def run_motion(args, path) -> int:
     print(f"{Path(path).name}: {kinds}")
     print(result)
     if "ratios" in result.values:
-        print("  (torque-free motion fixes only ratios: Ix/Iy, Iz/Iy; add tau_x,tau_y,tau_z columns for kg m^2)")
+        more = (
+            "add tau_x,tau_y,tau_z columns for kg m^2"
+            if motion.torque is None
+            else "the torque columns are all zero: no scale"
+        )
+        print(f"  (torque-free motion fixes only ratios: Ix/Iy, Iz/Iy; {more})")
     if args.json:
         try:
             doc = {"file": str(path), "data": kinds, **result.to_dict()}

@@ -1054,15 +1054,16 @@ def test_windows_of_one_recording_as_fit_inertia_judges_them(racquet_dir):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "model",
-    [{}, {"tensor": True}, {"tensor": True, "drag": "isotropic", "bias": True}],
+    "model, excluded",
+    [({}, 2), ({"tensor": True}, 2), ({"tensor": True, "drag": "isotropic", "bias": True}, 0)],
     ids=["ratios", "tensor", "tensor-drag-bias"],
 )
-def test_all_shared_flips_as_fit_inertia_judges_them(racquet_dir, model):
+def test_all_shared_flips_as_fit_inertia_judges_them(racquet_dir, model, excluded):
     """All 69 shared flips of four recordings, in three of fit_inertia's models, through
-    ``recipes.window_problems``: as above (two recordings left out as inconsistent; measured:
+    ``recipes.window_problems``: as above (two recordings left out as inconsistent, none in
+    the tensor + drag + bias model, as by fit_inertia; measured:
     the ratios within 1e-4 standard errors, 4e-4 for the full model, and the combined
     estimates equal to 1e-5; the isotropic drag alone differs by up to 0.18 standard errors
     on one window, a flat minimum, and is left out here)."""
     c = _agrees_with_fit_inertia(racquet_dir / "flips", **model)
-    assert len(c.excluded) == 2
+    assert len(c.excluded) == excluded

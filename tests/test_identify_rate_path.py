@@ -356,15 +356,15 @@ def test_known_inputs_are_part_of_the_program_key():
 INERTIA, DRAG = np.array([1.0, 2.0, 2.8]), np.array([0.05, 0.03, 0.08])
 
 
-def _drag_problem(seed, signals=obs.rigid_body_signals, transform=None, start=np.zeros(3)):
+def _drag_problem(seed, signals=obs.rigid_body_signals, transform=None, start=np.zeros(3), drag=DRAG):
     """A torque-free body with angular drag ``-D omega`` (DOP853, rtol 1e-12; gyroscope noise
-    0.01 rad/s; ``INERTIA``, ``DRAG``), fitted for the ratios (``Iy = 1``) and ``D / Iy``."""
+    0.01 rad/s; ``INERTIA``, ``drag``), fitted for the ratios (``Iy = 1``) and ``D / Iy``."""
     from scipy.integrate import solve_ivp
 
     t = np.arange(200) * 0.01
 
     def rhs(_t, w):
-        return (np.cross(INERTIA * w, w) - DRAG * w) / INERTIA
+        return (np.cross(INERTIA * w, w) - drag * w) / INERTIA
 
     sol = solve_ivp(rhs, (0.0, t[-1]), np.array([0.3, 3.0, 0.4]), method="DOP853", rtol=1e-12, atol=1e-14, t_eval=t)
     gyro = sol.y.T + 0.01 * np.random.default_rng(seed).standard_normal((t.size, 3))
@@ -416,6 +416,18 @@ def test_a_positive_drag_started_at_the_truth_keeps_its_damping():
     for name in ("ratios", "drag"):
         np.testing.assert_allclose(pos.values[name], real.values[name], rtol=1e-5)
     np.testing.assert_allclose(pos.cost, real.cost, rtol=1e-9)
+
+
+def test_a_positive_value_heading_for_zero_is_named():
+    """No drag in the data, a ``Positive`` drag fitted: ``exp(u)`` never reaches the optimum
+    at 0, and the optimiser's cap comes first; the message names the value heading for 0 and
+    the transform that holds it there, instead of "raise max_steps" (QA)."""
+    f = identify.fit(
+        _drag_problem(0, transform=tr.Positive(), start=np.full(3, 0.01), drag=np.zeros(3)), starts=4, step_check="off"
+    )
+    assert f.status in (identify.FitStatus.MAX_STEPS, identify.FitStatus.STALLED), f.message
+    assert "drag heads for 0" in f.message and "transforms.Box(0, inf)" in f.message, f.message
+    assert "raise max_steps" not in f.message
 
 
 @pytest.mark.parametrize("signals", ["rate", "whole"])

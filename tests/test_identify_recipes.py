@@ -131,3 +131,19 @@ def test_a_recording_too_short_to_determine_the_moments_is_unidentifiable(record
         short = Motion(t=t[:12], omega=None, orientation=qn, position=None, torque=tau[:12], source=f"seed {seed}")
         f = identify.fit(recipes.free_body_problem(short), step_check="off")
         assert f.status == identify.FitStatus.UNIDENTIFIABLE and why in f.message, (seed, f.message)
+
+
+def test_window_problems_refuse_what_fit_inertia_refuses():
+    """``recipes.window_problems`` checks its input as ``fit_inertia`` does, before anything
+    is compiled (QA: deg/s data ran a fit that ended ``poor_fit``; a bad drag raised a bare
+    ``KeyError``)."""
+    t = np.arange(100) * 0.01
+    omega = np.stack([np.sin(t), 2 + np.cos(t), 0.3 * t], -1)
+    with pytest.raises(identify.FitError, match="drag must be one of"):
+        recipes.window_problems((t, omega), drag="quadratic")
+    with pytest.raises(identify.FitError, match="most likely deg/s"):
+        recipes.window_problems((t, np.rad2deg(omega) * 10))
+    with pytest.raises(identify.FitError, match="timestamps in ms"):
+        recipes.window_problems((t * 1000, omega))
+    (p,) = recipes.window_problems((t, omega), tensor=True, drag="diagonal", bias=True)
+    assert set(p.parameters) == {"ratios", "drag"} and p.observations[0].bias

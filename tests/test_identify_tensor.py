@@ -78,6 +78,9 @@ def test_tensor_charts_round_trip_and_reach_the_plate_face():
     for t, value in ((absolute, rod), (ratios, _ratios(rod))):
         with pytest.raises(ValueError, match=f"{type(t).__name__}: principal moments .* not a physical body"):
             t.inverse(value)
+    cad = TENSOR.copy()
+    cad[0, 1] += 1e-7  # printed to 7 digits: symmetric to its rounding, taken
+    np.testing.assert_allclose(absolute.forward(jnp.asarray(absolute.inverse(cad)), None), TENSOR, atol=1e-7)
     with pytest.raises(ValueError, match="InertiaTensor: the start tensor is not symmetric"):
         absolute.inverse(TENSOR + np.triu(np.ones((3, 3)), 1))
     with pytest.raises(ValueError, match="InertiaTensor: the start tensor is not positive definite"):

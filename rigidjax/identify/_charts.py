@@ -48,7 +48,8 @@ def _principal_frame(tensor, name: str):
     T = np.asarray(tensor, float)
     if T.shape != (3, 3) or not np.all(np.isfinite(T)):
         raise ValueError(f"{name}: the start must be a finite (3, 3) inertia tensor; got {tensor!r}")
-    if not np.allclose(T, T.T, rtol=1e-10, atol=1e-12 * np.max(np.abs(T))):
+    # a tensor printed to 6-7 digits (from CAD) is symmetric to its rounding: symmetrised
+    if not np.allclose(T, T.T, rtol=0.0, atol=1e-6 * np.max(np.abs(T))):
         raise ValueError(f"{name}: the start tensor is not symmetric: {T.tolist()}")
     w, V = np.linalg.eigh(0.5 * (T + T.T))
     if not np.all(w > 0):

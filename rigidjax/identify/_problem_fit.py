@@ -83,8 +83,8 @@ def fit(
 _START_HINTS = {
     "INVALID_INPUT": "an unphysical start, e.g. moments violating the triangle inequality "
     "(transforms.PseudoInertia keeps every point physical)",
-    "ROTATION_LIMIT": "the body turns too far per step: raise substeps, or check the units "
-    "(time in ms? rates in deg/s?)",
+    "ROTATION_LIMIT": "the body turns too far per step: raise substeps, check the units (time in ms? rates in "
+    "deg/s?), or the start values (moments far too small for known torques spin the body up)",
 }
 
 #: What :func:`_structure` compares, in its key's order (for the message naming a difference).

@@ -17,6 +17,7 @@ from ._stored import stored
 from . import _verdict
 from ._result import FitStatus, pm
 from .observations import data_of, data_width
+from .transforms import Positive
 
 
 @dataclasses.dataclass
@@ -305,7 +306,9 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
     A = Jf.T @ Jf
     rss = float(rf @ rf)
     dof = m - P
-    s2 = rss / dof if dof > 0 else float("nan")
+    # fewer than two measured values per unknown: no standard error means anything (a perfect
+    # fit of 9 values by 5 unknowns reported errors of 0 as if the values were fixed)
+    s2 = rss / dof if dof >= P else float("nan")
     d = np.sqrt(np.maximum(np.diag(A), 1e-300))
     An = A / d[:, None] / d[None, :]
     finite = bool(np.all(np.isfinite(An)))
@@ -390,6 +393,23 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
             rel.update({f"{name}[{k}]" if np.size(values[name]) > 1 else name: float(v) for k, v in r_.items()})
             limit = min(limit, lim)
     vague = {k: v for k, v in rel.items() if not v <= limit}
+    # a Positive value (exp(u)) whose coordinate fell by over 1e6x from its start heads for 0,
+    # which it never reaches: more iterations do not help (QA: a drag with its optimum at 0
+    # ended max_steps at 1.7e-16, the message said "raise max_steps")
+    u0 = layout.start()
+    to_zero = [
+        name
+        for kind, name, tr, _, off, n in layout.slots
+        if kind == "model"
+        and isinstance(tr, Positive)
+        and np.any(np.asarray(x)[off : off + n] < u0[off : off + n] - np.log(1e6))
+    ]
+    heads_to_zero = (
+        f"; {', '.join(to_zero)} heads for 0, which a Positive value (exp(u)) never reaches: "
+        "transforms.Box(0, inf) holds a value at 0 exactly"
+        if to_zero
+        else ""
+    )
     rods = [
         f"{name}: {why}"
         for kind, name, tr, _, off, n in layout.slots
@@ -446,9 +466,15 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
             f"iterations): {why}" + (f" (the data do not determine {weak})" if singular else ""),
         )
     elif lm_status == _lm.LMStatus.MAX_STEPS:
-        status, msg = FitStatus.MAX_STEPS, "the iteration cap came first" + (weakly or " (raise max_steps)")
+        status, msg = (
+            FitStatus.MAX_STEPS,
+            "the iteration cap came first" + (heads_to_zero or weakly or " (raise max_steps)"),
+        )
     elif lm_status == _lm.LMStatus.STALLED and decrement * 0.5 * rss > 10 * eps * resolution:
-        status, msg = FitStatus.STALLED, "no step lowers the cost, yet the point is not first-order optimal" + weakly
+        status, msg = (
+            FitStatus.STALLED,
+            "no step lowers the cost, yet the point is not first-order optimal" + (heads_to_zero or weakly),
+        )
     elif lm_status not in (_lm.LMStatus.CONVERGED, _lm.LMStatus.STALLED):
         status, msg = FitStatus.NONFINITE, "the best start could not be evaluated"
     elif singular:

@@ -49,7 +49,7 @@ from ._derived import FitError
 from ._stored import warn_at_caller
 from . import observations as obs
 from .problem import FreeBodyInitial, MeasuredSegment, Parameter, Problem
-from ._model import Spec, equation_error_guess, theta_chart
+from ._model import DRAG_KINDS, Spec, equation_error_guess, theta_chart
 from ._windows import _as_segments, _initial_substeps, _recording_labels
 from .transforms import Box, MomentRatios, PrincipalMoments, Real, TensorRatios
 
@@ -203,6 +203,23 @@ def _moments_start(t, omega, torque) -> np.ndarray:
     return scale * np.array([1.0, 1.5, 2.0])
 
 
+def _check_units(t, omega, source) -> float:
+    """The median sample interval (s) of ``t``; raises :class:`FitError` where the timestamps
+    look like ms (a median interval above :data:`MAX_SAMPLE_INTERVAL`) or the rates like deg/s
+    (above :data:`MAX_RATE`)."""
+    dt_med = float(np.median(np.diff(t))) if len(t) > 1 else 0.0
+    if dt_med > MAX_SAMPLE_INTERVAL:
+        raise FitError(
+            f"{source}: the median sample interval is {dt_med:.4g} s: timestamps in ms? (t must be in seconds)"
+        )
+    if omega is not None and float(np.max(np.abs(omega))) > MAX_RATE:
+        raise FitError(
+            f"{source}: angular rates up to {float(np.max(np.abs(omega))):.4g}: above {MAX_RATE} rad/s, most likely "
+            "deg/s (wx,wy,wz must be in rad/s)"
+        )
+    return dt_med
+
+
 def _inside(transform, start, fallback):
     """``start`` where ``transform`` takes it (inside its box), else ``fallback``."""
     try:
@@ -241,16 +258,7 @@ def free_body_problem(
         position is measured.
     """
     t = np.asarray(motion.t, float)
-    dt_med = float(np.median(np.diff(t)))
-    if dt_med > MAX_SAMPLE_INTERVAL:
-        raise FitError(
-            f"{motion.source}: the median sample interval is {dt_med:.4g} s: timestamps in ms? (t must be in seconds)"
-        )
-    if motion.omega is not None and float(np.max(np.abs(motion.omega))) > MAX_RATE:
-        raise FitError(
-            f"{motion.source}: angular rates up to {float(np.max(np.abs(motion.omega))):.4g}: above "
-            f"{MAX_RATE} rad/s, most likely deg/s (wx,wy,wz must be in rad/s)"
-        )
+    dt_med = _check_units(t, motion.omega, motion.source)
     has_q = motion.orientation is not None
     omega = (
         motion.omega
@@ -399,8 +407,17 @@ def window_problems(segments, *, tensor: bool = False, drag: str | None = None, 
 
     Returns:
         ``list[Problem]``, the windows' order; names the windows' (``Segment.name``).
+
+    Raises:
+        FitError: no windows, a ``drag`` not in ``(None, "isotropic", "diagonal")``, a
+            window whose rates exceed :data:`MAX_RATE` (deg/s?) or whose median sample
+            interval exceeds :data:`MAX_SAMPLE_INTERVAL` (ms?).
     """
     segs = _as_segments(segments)
+    if drag not in DRAG_KINDS:
+        raise FitError(f"window_problems: drag must be one of {DRAG_KINDS}; got {drag!r}")
+    for s in segs:
+        _check_units(s.t, s.omega, s.name or s.source)
     spec = Spec(bool(tensor), drag, bool(bias))
     ks = _initial_substeps(segs, None if substeps == "auto" else substeps)
     stepper, initial = _window_parts()
