@@ -43,6 +43,7 @@ def _short_plate_window(seed: int, n: int = 22) -> Segment:
     return Segment(t, w, name=f"short plate window {seed}")
 
 
+@pytest.mark.slow
 def test_layer_fit_heading_for_a_rod_is_unidentifiable():
     """The same window through the general layer with fit_inertia's full model
     (``TensorRatios``, an isotropic drag >= 0, a gyroscope bias): the optimiser runs out of

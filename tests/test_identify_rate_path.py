@@ -430,7 +430,7 @@ def test_a_positive_value_heading_for_zero_is_named():
     assert "raise max_steps" not in f.message
 
 
-@pytest.mark.parametrize("signals", ["rate", "whole"])
+@pytest.mark.parametrize("signals", ["rate", pytest.param("whole", marks=pytest.mark.slow)])
 def test_jacobian_blocks_equal_jax_jacfwd(signals):
     """The layer's Jacobian of a problem of several segments, formed from ``ng + nz`` tangents
     (each segment depends on the global unknowns and its own initial state alone), equals
