@@ -366,15 +366,7 @@ class PrincipalMoments:
         m = np.ravel(np.asarray(value, float))
         if m.shape != (3,) or not np.all(np.isfinite(m)) or not np.all(m > 0):
             raise ValueError(f"PrincipalMoments: the start must be 3 finite moments > 0 [Ix, Iy, Iz]; got {value!r}")
-        L = np.sum(m) / 2 - m
-        # round-off at a face (a thin plate given as Iz = Ix + Iy) stays on it
-        tol = 8 * np.finfo(float).eps * np.max(m)
-        if np.any(L < -tol):
-            raise ValueError(
-                f"PrincipalMoments: moments {m} are not a physical body (the triangle inequalities: each moment at "
-                "most the sum of the other two)"
-            )
-        return np.maximum(L, 0.0)
+        return _second_moments(m, "PrincipalMoments")
 
     @staticmethod
     def inertia(m):
