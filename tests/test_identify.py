@@ -7,6 +7,7 @@ Compilation budget: two model configurations (principal moments; full tensor + d
 every window padded to 128 samples, so each compiles once per session.
 """
 
+import dataclasses
 import functools
 import json
 import re
@@ -20,10 +21,13 @@ from scipy import optimize
 from rigidjax.identify import (
     FitError,
     FitStatus,
+    FreeBodyInitial,
     fit_inertia,
+    fit_many,
     multistart_check,
     simulate_omega,
 )
+from rigidjax.identify import recipes
 from rigidjax.io import DataError, Segment, load_phyphox
 from rigidjax.reference import euler_omega, torque_free_omega
 from rigidjax.synthetic import RACQUET_MOMENTS, synthesize_recording
@@ -281,6 +285,17 @@ def test_fast_tosses_step_error_is_caught_and_avoided(tmp_path):
     flagged = [s for s in coarse.segments if s["status"] == FitStatus.STEP_ERROR]
     assert flagged and all("DOP853" in s["reason"] for s in flagged)
     assert coarse.step_error["max_shift_se"] > 1
+    # the same windows as layer problems at one sub-step (the layer's own Richardson check off):
+    # recipes.reference_check flags the windows fit_inertia flags, with fit_inertia's DOP853
+    # residuals (the same minima: 1 % of the RMS)
+    problems = [dataclasses.replace(p, substeps=1) for p in recipes.window_problems(segs, **FULL)]
+    fits = fit_many(problems, starts=2, groups=recipes.window_groups(segs), step_check="off")
+    checked, ref = recipes.reference_check(problems, fits)
+    assert [f.status for f in checked] == [s["status"] for s in coarse.segments], [f.message for f in checked]
+    assert all("DOP853" in f.message for f in checked if f.status == FitStatus.STEP_ERROR)
+    np.testing.assert_allclose(ref, [s["rms_reference"] for s in coarse.segments], rtol=0.01)
+    with pytest.raises(ValueError, match="not made by window_problems"):
+        recipes.reference_check([dataclasses.replace(problems[0], initial=FreeBodyInitial())], fits[:1])
     auto = fit_inertia(segs, **FULL, starts=2)
     assert auto.converged
     assert auto.step_error["max_shift_se"] <= 0.3 and min(auto.step_error["substeps"]) >= 2

@@ -253,6 +253,7 @@ def test_rate_step_is_the_midpoint_steps_rate(attitude):
     assert int(status) == int(info.status) == Status.SUCCESS
 
 
+@pytest.mark.slow  # ~40 s on 2 cores (six programs); test_substeps_per_segment keeps the counts-as-data rows fast
 def test_rate_rollout_takes_its_substeps_as_data():
     """Where the rate is rolled out alone, the sub-steps are data: problems at 1, 2 and 4
     sub-steps share one program key, and one call of that program with rows of each count

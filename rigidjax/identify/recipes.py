@@ -3,7 +3,8 @@ r"""Ready-made :class:`rigidjax.identify.Problem`\ s for common recordings.
 :func:`window_problems` turns free-flight windows seen by a gyroscope into one problem per
 window of :func:`~rigidjax.identify.fit_inertia`'s per-window model, for
 :func:`~rigidjax.identify.fit_many` (``groups``: the recordings) and
-:func:`~rigidjax.identify.combine`.
+:func:`~rigidjax.identify.combine`; :func:`reference_check` re-simulates the fitted windows by
+SciPy's DOP853, as fit_inertia does.
 
 :func:`free_body_problem` turns one :class:`rigidjax.io.Motion` (a free or torque-driven rigid
 body seen by a gyroscope, motion capture and/or a position tracker) into a problem for
@@ -37,6 +38,7 @@ median sample interval above 0.5 s (most likely ms) raise :class:`rigidjax.ident
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax.numpy as jnp
@@ -50,13 +52,16 @@ from ._stored import warn_at_caller
 from . import observations as obs
 from .problem import FreeBodyInitial, MeasuredSegment, Parameter, Problem
 from ._model import DRAG_KINDS, Spec, equation_error_guess, theta_chart
-from ._windows import _as_segments, _initial_substeps, _recording_labels
+from ._windows import REF_TOL, _as_segments, _initial_substeps, _recording_labels
+from ._result import FitStatus
+from ..reference import euler_omega
 from .transforms import Box, MomentRatios, PrincipalMoments, Real, TensorRatios
 
 __all__ = [
     "free_body_problem",
     "window_problems",
     "window_groups",
+    "reference_check",
     "noise_level",
     "rates_from_orientation",
     "smoothed_rates",
@@ -457,3 +462,70 @@ def window_problems(segments, *, tensor: bool = False, drag: str | None = None, 
             )
         )
     return problems
+
+
+def reference_check(problems, fits, *, tolerance: float = REF_TOL):
+    """fit_inertia's re-simulation check for :func:`window_problems`' fits: each fitted window
+    (its inertia, drag, initial rate and gyroscope bias) is integrated again by SciPy's DOP853
+    at rtol 1e-10 (:func:`rigidjax.reference.euler_omega`, all windows in one call), an
+    integrator independent of the midpoint step. A ``converged`` fit whose residual RMS
+    under DOP853 differs from its own by more than ``tolerance`` (relative) becomes
+    :attr:`~rigidjax.identify.FitStatus.STEP_ERROR`: the midpoint step's error, not the
+    data, shapes that optimum. Complements the layer's Richardson check (the same stepper
+    at twice the steps) with a second integrator.
+
+    Args:
+        problems: from :func:`window_problems` (possibly with other ``substeps``).
+        fits: their :class:`~rigidjax.identify.ProblemFit` s (e.g. from
+            :func:`~rigidjax.identify.fit_many`), in the same order.
+        tolerance: the largest accepted relative change of the residual RMS
+            (:data:`~rigidjax.identify._windows.REF_TOL`, 10 %, as fit_inertia).
+
+    Returns:
+        ``(fits, rms_reference)``: the fits, a converged one that fails the check replaced by
+        a copy with status ``step_error`` and a message naming both residuals; and each
+        window's residual RMS under DOP853 (rad/s; ``nan`` where the integration failed or
+        the fit gave no finite values).
+
+    Raises:
+        ValueError: a problem not made by :func:`window_problems`, or ``fits`` of another length.
+    """
+    stepper, initial = _window_parts()
+    if len(fits) != len(problems):
+        raise ValueError(f"reference_check: {len(problems)} problems but {len(fits)} fits")
+    for i, p in enumerate(problems):
+        if p.initial is not initial or len(p.segments) != 1 or len(p.observations) != 1:
+            raise ValueError(f"reference_check: problem {i} was not made by window_problems (one torque-free window)")
+    ok = [
+        i
+        for i, f in enumerate(fits)
+        if np.all(np.isfinite(np.asarray(f.initial, float))) and np.all(np.isfinite(np.asarray(f.model.inertia)))
+    ]
+    ref = np.full(len(fits), np.nan)
+    if ok:
+        models = [fits[i].model for i in ok]
+        try:
+            ws = euler_omega(
+                np.stack([np.asarray(m.inertia, float) for m in models]),
+                np.stack([np.asarray(fits[i].initial[0], float) for i in ok]),
+                [np.asarray(problems[i].segments[0].t, float) for i in ok],
+                damping=np.stack([np.asarray(m.resistance, float)[3:, 3:] for m in models]),
+                rtol=1e-10,
+            )
+        except (RuntimeError, np.linalg.LinAlgError, ValueError):
+            ws = None
+        for j, i in enumerate(ok if ws is not None else ()):
+            b = np.asarray(fits[i].sensor[0].get("bias", np.zeros(3)), float)
+            ref[i] = float(np.sqrt(np.mean((ws[j] + b - problems[i].segments[0].data["omega"]) ** 2)))
+    out = []
+    for f, r, p in zip(fits, ref, problems):
+        rms = float(f.rms[0])
+        if f.status == FitStatus.CONVERGED and not abs(r - rms) <= tolerance * rms:
+            f = dataclasses.replace(
+                f,
+                status=FitStatus.STEP_ERROR,
+                message=f"re-simulated by DOP853 the residual is {r:.3g} rad/s against the fit's {rms:.3g}: the step "
+                f"error ({p.substeps} sub-steps) shapes this fit (raise Problem.substeps)",
+            )
+        out.append(f)
+    return out, ref
