@@ -123,8 +123,12 @@ class Batch:
         T[:, nt : nt + 3, self.n_sh + self.n_b :] = np.eye(3)
         if self.n_b:
             T[:, nt + 3 :, self.n_sh : self.n_sh + self.n_b] = np.eye(3)
-        A_loc = np.einsum("aji,asjk,akl->asil", T, A_m, T)
-        g_loc = np.einsum("aji,asj->asi", T, g_m)
+        # batched matmul, not a three-operand np.einsum (which contracts in its own loops,
+        # unoptimised): fit_inertia of the 69 shared flips (warm, median of 8, 2-core VM)
+        # 2.8 -> 2.4 s wall, 4.3 -> 3.7 s CPU
+        Tt = T.transpose(0, 2, 1)[:, None]
+        A_loc = Tt @ A_m @ T[:, None]
+        g_loc = (Tt @ g_m[..., None])[..., 0]
         return A_loc, g_loc, rss.reshape(na, self.S), ok.reshape(na, self.S).all(1)
 
     def evaluate(self, x, rows):

@@ -424,7 +424,11 @@ def _evaluator(problems, layout, dtype, N: int, starts: int):
         ok = np.all(status == Status.SUCCESS, axis=1) & np.all(np.isfinite(J), axis=(1, 2)) & np.all(np.isfinite(r), 1)
         r0, J0 = np.where(ok[:, None], r, 0), np.where(ok[:, None, None], J, 0)
         cost = np.where(ok, 0.5 * np.sum(r0 * r0, 1), np.inf)
-        return cost, np.einsum("ami,amj->aij", J0, J0), np.einsum("ami,am->ai", J0, r0), ok, np.zeros((na, 1))
+        # batched matmul, not np.einsum (which contracts in its own loops): J^T J of 32 rows x
+        # 384 x 5 in 0.09 ms, not 1.06 ms; fit_many of the 69 shared flips (groups, 4 starts,
+        # warm, median of 8 on the 2-core VM) 3.5 -> 2.4 s wall, 5.6 -> 3.9 s CPU
+        Jt = J0.transpose(0, 2, 1)
+        return cost, Jt @ J0, (Jt @ r0[:, :, None])[:, :, 0], ok, np.zeros((na, 1))
 
     return stacked, run, evaluate, run_one
 
