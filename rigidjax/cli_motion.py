@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from .cli_fit._common import Progress
 from .identify import FitError, exit_code, fit
 from .identify.recipes import free_body_problem
 from .io import DataError, csv_quantities, load_motion_csv
@@ -88,14 +89,16 @@ def run_motion(args, path) -> int:
     if motion.torque is not None:
         kinds += " with known torques" if "moments" in problem.parameters else " (torque columns all zero)"
     if not args.quiet:
-        print(
-            f"{path}: {len(motion.t)} samples of {kinds}; {problem.substeps} sub-steps; compiling and fitting ...",
-            file=sys.stderr,
-        )
-    try:
-        result = fit(problem, starts=args.starts, seed=args.seed, max_steps=args.max_steps)
-    except ValueError as e:
-        return _error(str(e))
+        print(f"{path}: {len(motion.t)} samples of {kinds}; {problem.substeps} sub-steps", file=sys.stderr)
+    # the gyroscope fit's progress: elapsed time, compiling, LM iterations, programs compiled
+    with Progress(quiet=args.quiet) as progress:
+        progress.start_fit(args.starts, f"{args.starts} start(s)")
+        try:
+            result = fit(problem, starts=args.starts, seed=args.seed, max_steps=args.max_steps, progress=progress.tick)
+        except ValueError as e:
+            progress.close()
+            return _error(str(e))
+        progress.set_phase("done")
     print(f"{Path(path).name}: {kinds}")
     print(result)
     if "ratios" in result.values:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import warnings
 
 import hypothesis
@@ -187,8 +188,10 @@ def test_vi_pendulum_length_and_damping():
     """(e) A simple pendulum's length and damping through the variational (DEL) stepper, from
     an encoder's angle (1 mrad noise, 100 Hz), two swings, each swing's start unknown."""
     problem, truth = _pendulum_problem(5, n=300, amplitudes=(0.5, 1.2))
-    f = identify.fit(problem, starts=3)
+    active = []  # progress(n_active): after every iteration, the starts still iterating
+    f = identify.fit(problem, starts=3, progress=active.append)
     print(f)
+    assert len(active) >= f.iterations and active[0] == 3 and all(0 <= a <= 3 for a in active), active
     assert f.status == identify.FitStatus.CONVERGED, f.message
     # a multi-start check: more than one start reaches the reported minimum
     assert f.starts_at_best >= 2, f.starts_at_best
@@ -543,11 +546,16 @@ def test_cli_fits_the_columns_the_file_has(tmp_path, layout, capsys):
     f = tmp_path / "rec.csv"
     _write_csv(f, cols)
     out = tmp_path / "fit.json"
-    code = main(["fit", str(f), "--json", str(out), "--quiet", "--starts", "2"])
-    text = capsys.readouterr().out
+    quiet = ["--quiet"] if layout != "orientation" else []
+    code = main(["fit", str(f), "--json", str(out), *quiet, "--starts", "2"])
+    printed = capsys.readouterr()
+    text = printed.out
     assert code == 0, text
     d = json.loads(out.read_text())
     assert d["status"] == "converged"
+    if not quiet:  # progress on stderr (not a terminal), as the gyroscope fit's: phases, elapsed time
+        for phase in ("compiling (then fitting 2 start(s))", "fitting: LM iteration 1, 2 of 2", "done"):
+            assert re.search(r"\[ *[0-9.]+ s\] " + re.escape(phase), printed.err), printed.err
     if layout == "gyro+torque":
         _within(d["values"]["moments"], INERTIA, d["se"]["moments"], 3)
     else:

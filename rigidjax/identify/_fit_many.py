@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -38,6 +38,7 @@ def fit_many(
     pad_to: int | None = None,
     step_check: str = "refine",
     groups: Sequence | None = None,
+    progress: Callable | None = None,
 ) -> list[ProblemFit]:
     """Fit several independent problems of one structure at once (e.g. one per measured
     window, each with its own values): one compiled program evaluates every start of every
@@ -103,10 +104,12 @@ def fit_many(
             raise ValueError(
                 f"fit_many: groups has {len(groups)} labels for {len(problems)} problems (one per problem)"
             )
-    return _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step_check)
+    return _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step_check, progress)
 
 
-def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step_check) -> list[ProblemFit]:
+def _many(
+    problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step_check, progress=None
+) -> list[ProblemFit]:
     """:func:`fit_many`: the fits (one program per family, see :func:`fit_many`); for windows of one body
     (``groups``) the refit of suspect windows from the others' consensus and the poor-fit
     rule across windows (:mod:`rigidjax.identify._across`)."""
@@ -145,6 +148,7 @@ def _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step
                     not one_body,
                     refits=hook,
                     laid_out=(part, [layouts[w] for w in idx]),
+                    progress=progress,
                 )
             except ValueError as e:  # name the problems by their place in the call
                 msg = str(e)

@@ -6,6 +6,7 @@ method, statuses and uncertainties are described in :mod:`rigidjax.identify.prob
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import equinox as eqx
 import jax
@@ -39,6 +40,7 @@ def fit(
     dtype=jnp.float64,
     pad_to: int | None = None,
     step_check: str = "refine",
+    progress: Callable | None = None,
 ) -> ProblemFit:
     """Fit ``problem`` (see the module for the method, statuses and uncertainties).
 
@@ -63,6 +65,9 @@ def fit(
             then the message says so); ``"report"``: measure and warn in the message, no
             refit; ``"off"``: neither (``step_shift`` empty). Each check compiles the forward
             residuals at twice the steps; each refinement the fit's program at the new steps.
+        progress: optional ``progress(n_active)``, called after every optimiser iteration
+            (the starts still iterating; refits and step refinements report too), e.g. to
+            show a progress bar.
 
     Returns:
         :class:`ProblemFit`.
@@ -76,7 +81,17 @@ def fit(
     if not isinstance(problem, Problem):
         raise TypeError(f"fit: expected an identify.Problem; got {type(problem).__name__} (several: fit_many)")
     return _fit(
-        [problem], starts, spread, seed, max_steps, dtype, pad_to, step_check, raise_on_failure=True, name="fit"
+        [problem],
+        starts,
+        spread,
+        seed,
+        max_steps,
+        dtype,
+        pad_to,
+        step_check,
+        raise_on_failure=True,
+        name="fit",
+        progress=progress,
     )[0]
 
 
@@ -119,6 +134,7 @@ def _fit(
     sigma_rule=True,
     refits=None,
     laid_out=None,
+    progress=None,
 ):
     """The fit of :func:`fit` and :func:`~rigidjax.identify.fit_many`. ``sigma_rule``: see
     :func:`~rigidjax.identify._problem_result.result`. ``refits``: a list to which the fit
@@ -127,7 +143,8 @@ def _fit(
     iterations, the :data:`_across.RESCUE_KEEP` lowest of each problem to the end) through the
     same compiled program (fit_many's refit of suspect windows: no compilation). ``laid_out``:
     ``(problems in dtype, their layouts)`` already checked (layouts, sub-steps, one structure)
-    by the caller, which :func:`~rigidjax.identify.fit_many` does for all its problems at once."""
+    by the caller, which :func:`~rigidjax.identify.fit_many` does for all its problems at once.
+    ``progress``: ``progress(n_active)`` after every optimiser iteration (see :func:`fit`)."""
     if not isinstance(starts, (int, np.integer)) or starts < 1:
         raise ValueError(f"{name}: starts must be an integer >= 1; got {starts!r}")
     if not spread >= 0:
@@ -192,7 +209,17 @@ def _fit(
     # the random starts into the transforms' box (the given start is inside: _Layout checks it)
     X0 = np.clip(X0, lo, hi)
     eps = float(jnp.finfo(dtype).eps)
-    st = _lm.solve(evaluate, X0, np.arange(W * starts), lo, hi, eps=eps, max_steps=max_steps, running_scale=True)
+    st = _lm.solve(
+        evaluate,
+        X0,
+        np.arange(W * starts),
+        lo,
+        hi,
+        eps=eps,
+        max_steps=max_steps,
+        running_scale=True,
+        progress=progress,
+    )
     cost = np.where(st["ok"], st["cost"], np.inf).reshape(W, starts)
     best = np.argmin(np.where(np.isfinite(cost), cost, np.inf), axis=1)
     rows = np.arange(W) * starts + best
@@ -219,7 +246,19 @@ def _fit(
                 r_2k, ok = finer_at(x[None], np.array([w]))
                 known = (r_2k[0], bool(ok[0]))
             res, x, g = refine_steps(
-                problem, lay, res, one, x, g, dtype, N, max_steps, step_check == "refine", sigma_rule, known
+                problem,
+                lay,
+                res,
+                one,
+                x,
+                g,
+                dtype,
+                N,
+                max_steps,
+                step_check == "refine",
+                sigma_rule,
+                known,
+                progress,
             )
         held = held_at_bounds(lay, x, g)
         if held:
@@ -256,10 +295,22 @@ def _fit(
             eps=eps,
             max_steps=_across.RESCUE_FIRST_STEPS,
             running_scale=True,
+            progress=progress,
         )
         c1 = np.where(r["ok"], r["cost"], np.inf).reshape(len(ws), n)
         r = _lm.select(r, (np.argsort(c1, 1)[:, :keep] + np.arange(len(ws))[:, None] * n).ravel())
-        r = _lm.solve(evaluate, None, None, None, None, eps=eps, max_steps=max_steps, state=r, running_scale=True)
+        r = _lm.solve(
+            evaluate,
+            None,
+            None,
+            None,
+            None,
+            eps=eps,
+            max_steps=max_steps,
+            state=r,
+            running_scale=True,
+            progress=progress,
+        )
         c2 = np.where(r["ok"], r["cost"], np.inf).reshape(len(ws), keep)
         found = {}
         for j, w in enumerate(ws):

@@ -121,13 +121,15 @@ def _step_shift(problem, layout, out, run, x, dtype, N, finer=None) -> np.ndarra
     return shift(r_k[0], np.asarray(r_2k, float), J[0], x, flat_values_of(problem, layout, dtype), se)
 
 
-def refine_steps(problem, layout, out, run, x, g, dtype, N, max_steps, refine, sigma_rule: bool = True, finer=None):
+def refine_steps(
+    problem, layout, out, run, x, g, dtype, N, max_steps, refine, sigma_rule: bool = True, finer=None, progress=None
+):
     """The step-error check (:mod:`rigidjax.identify._step_error`): while the stepper's error
     moves a value by more than ``STEP_SHIFT_MAX`` standard errors, double ``substeps`` (at most
     ``MAX_DOUBLINGS`` times; none without ``refine``) and refit from the optimum (one start:
     the multi-start search was done). Returns ``(out, x, g)`` of the last fit, with
     ``substeps`` and ``step_shift``. ``finer``: the residuals at twice the steps at ``x`` where
-    already evaluated (:func:`finer_residuals`)."""
+    already evaluated (:func:`finer_residuals`). ``progress``: the fit's (after every iteration)."""
     first, previous, roundoff = out, np.inf, False
     se_first = _se(first)
     for doubling in range(MAX_DOUBLINGS + 1):
@@ -175,6 +177,7 @@ def refine_steps(problem, layout, out, run, x, g, dtype, N, max_steps, refine, s
             eps=float(jnp.finfo(dtype).eps),
             max_steps=max_steps,
             running_scale=True,
+            progress=progress,
         )
         finer = None
         if st["ok"][0] and np.isfinite(st["cost"][0]):
