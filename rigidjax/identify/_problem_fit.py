@@ -80,19 +80,8 @@ def fit(
     """
     if not isinstance(problem, Problem):
         raise TypeError(f"fit: expected an identify.Problem; got {type(problem).__name__} (several: fit_many)")
-    return _fit(
-        [problem],
-        starts,
-        spread,
-        seed,
-        max_steps,
-        dtype,
-        pad_to,
-        step_check,
-        raise_on_failure=True,
-        name="fit",
-        progress=progress,
-    )[0]
+    options = (starts, spread, seed, max_steps, dtype, pad_to, step_check)
+    return _fit([problem], *options, raise_on_failure=True, name="fit", progress=progress)[0]
 
 
 _START_HINTS = {
