@@ -490,7 +490,7 @@ def reference_check(problems, fits, *, tolerance: float = REF_TOL):
     Raises:
         ValueError: a problem not made by :func:`window_problems`, or ``fits`` of another length.
     """
-    stepper, initial = _window_parts()
+    initial = _window_parts()[1]
     if len(fits) != len(problems):
         raise ValueError(f"reference_check: {len(problems)} problems but {len(fits)} fits")
     for i, p in enumerate(problems):
@@ -518,14 +518,15 @@ def reference_check(problems, fits, *, tolerance: float = REF_TOL):
             b = np.asarray(fits[i].sensor[0].get("bias", np.zeros(3)), float)
             ref[i] = float(np.sqrt(np.mean((ws[j] + b - problems[i].segments[0].data["omega"]) ** 2)))
     out = []
-    for f, r, p in zip(fits, ref, problems):
+    for f, r in zip(fits, ref):
         rms = float(f.rms[0])
         if f.status == FitStatus.CONVERGED and not abs(r - rms) <= tolerance * rms:
+            found = f"the residual is {r:.3g} rad/s" if np.isfinite(r) else "the integration failed"
             f = dataclasses.replace(
                 f,
                 status=FitStatus.STEP_ERROR,
-                message=f"re-simulated by DOP853 the residual is {r:.3g} rad/s against the fit's {rms:.3g}: the step "
-                f"error ({p.substeps} sub-steps) shapes this fit (raise Problem.substeps)",
+                message=f"re-simulated by DOP853 {found} against the fit's {rms:.3g}: the step error "
+                f"({f.substeps} sub-steps) shapes this fit (raise Problem.substeps)",
             )
         out.append(f)
     return out, ref
