@@ -23,7 +23,6 @@ import time
 import warnings
 from pathlib import Path
 
-from ..cli_motion import is_motion_csv, run_motion
 from ..identify import FitError, exit_code, fit_inertia, parse_scale
 from ..identify.pendulum import looks_like_pendulum
 from ..io import DataError
@@ -43,6 +42,7 @@ from ._common import (
     prepare_outputs,
     write_output,
 )
+from .motion import is_motion_csv, run_motion
 from .pendulum import PENDULUM_DESCRIPTION, PENDULUM_EXIT_HELP, run_pendulum
 
 __all__ = [

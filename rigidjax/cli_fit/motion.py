@@ -8,10 +8,10 @@ import json
 import sys
 from pathlib import Path
 
-from .cli_fit._common import Progress
-from .identify import FitError, exit_code, fit
-from .identify.recipes import free_body_problem
-from .io import DataError, csv_quantities, load_motion_csv
+from ..identify import FitError, exit_code, fit
+from ..identify.recipes import free_body_problem
+from ..io import DataError, csv_quantities, load_motion_csv
+from ._common import Progress
 
 __all__ = ["is_motion_csv", "run_motion"]
 
