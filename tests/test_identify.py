@@ -13,7 +13,9 @@ import json
 import re
 import warnings
 
+import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import optimize
@@ -28,6 +30,7 @@ from rigidjax.identify import (
     simulate_omega,
 )
 from rigidjax.identify import recipes
+from rigidjax.identify.observations import AngularVelocity
 from rigidjax.io import DataError, Segment, load_phyphox
 from rigidjax.reference import euler_omega, torque_free_omega
 from rigidjax.synthetic import RACQUET_MOMENTS, synthesize_recording
@@ -296,6 +299,20 @@ def test_fast_tosses_step_error_is_caught_and_avoided(tmp_path):
     np.testing.assert_allclose(ref, [s["rms_reference"] for s in coarse.segments], rtol=0.01)
     with pytest.raises(ValueError, match="not made by window_problems"):
         recipes.reference_check([dataclasses.replace(problems[0], initial=FreeBodyInitial())], fits[:1])
+    with pytest.raises(ValueError, match="gain, misalignment or delay"):
+        gain = dataclasses.replace(problems[0], observations=[AngularVelocity(gain=True, sigma=0.01)])
+        recipes.reference_check([gain], fits[:1])
+    with pytest.raises(ValueError, match="tolerance must be a positive number"):
+        recipes.reference_check(problems, fits, tolerance=float("nan"))
+    # a window DOP853 cannot integrate (a singular inertia) loses its own reference only (QA:
+    # one failure in the batched call marked every converged window step_error)
+    singular = eqx.tree_at(lambda m: m.inertia, fits[0].model, jnp.diag(jnp.array([0.0, 1.0, 1.0])))
+    rod = dataclasses.replace(fits[0], model=singular, status=FitStatus.CONVERGED)
+    checked_rod, ref_rod = recipes.reference_check(problems, [rod, *fits[1:]])
+    assert np.isnan(ref_rod[0]) and "could not re-simulate" in checked_rod[0].message
+    assert [f.status for f in checked_rod[1:]] == [f.status for f in checked[1:]]
+    # integrated alone instead of in one batch: another step sequence at rtol 1e-10
+    np.testing.assert_allclose(ref_rod[1:], ref[1:], rtol=1e-6)
     auto = fit_inertia(segs, **FULL, starts=2)
     assert auto.converged
     assert auto.step_error["max_shift_se"] <= 0.3 and min(auto.step_error["substeps"]) >= 2

@@ -530,15 +530,29 @@ def equation_error_guess(segs, spec: Spec):
 # ----------------------------------------------------------------------------- reference check
 
 
+def reference_rates(inertia, w0, ts, damping) -> list:
+    """Body rates of windows by SciPy's DOP853 (rtol 1e-10, :func:`rigidjax.reference.euler_omega`):
+    all windows in one call, and where that fails each alone, so that one window the
+    integrator cannot follow (a singular inertia) costs only its own reference: a list of
+    ``(n_b, 3)`` arrays, ``None`` where the integration failed."""
+    fails = (RuntimeError, np.linalg.LinAlgError, ValueError)
+    try:
+        return list(euler_omega(inertia, w0, ts, damping=damping, rtol=1e-10))
+    except fails:
+        out = []
+        for b in range(len(ts)):
+            try:
+                out.append(euler_omega(inertia[b], w0[b], ts[b], damping=damping[b], rtol=1e-10))
+            except fails:
+                out.append(None)
+        return out
+
+
 def reference_rms(segs, theta: np.ndarray, w0: np.ndarray, bias: np.ndarray, spec: Spec) -> np.ndarray:
     """Residual RMS (rad/s) of each window with its fitted parameters simulated by a tight
-    independent integrator (SciPy DOP853, rtol 1e-10: :func:`rigidjax.reference.euler_omega`,
-    all windows in one call) instead of the midpoint step: what the fit's residual would be
-    without step error. ``nan`` where the integration fails."""
-    try:
-        ws = euler_omega(
-            theta_tensor(theta, spec), w0, [s.t for s in segs], damping=theta_drag(theta, spec), rtol=1e-10
-        )
-    except (RuntimeError, np.linalg.LinAlgError, ValueError):
-        return np.full(len(segs), np.nan)
-    return np.array([float(np.sqrt(np.mean((w + b - s.omega) ** 2))) for w, b, s in zip(ws, bias, segs)])
+    independent integrator (:func:`reference_rates`) instead of the midpoint step: what the
+    fit's residual would be without step error. ``nan`` where the integration fails."""
+    ws = reference_rates(theta_tensor(theta, spec), w0, [s.t for s in segs], theta_drag(theta, spec))
+    return np.array(
+        [np.nan if w is None else float(np.sqrt(np.mean((w + b - s.omega) ** 2))) for w, b, s in zip(ws, bias, segs)]
+    )

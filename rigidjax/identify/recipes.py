@@ -51,10 +51,9 @@ from ._derived import FitError
 from ._stored import warn_at_caller
 from . import observations as obs
 from .problem import FreeBodyInitial, MeasuredSegment, Parameter, Problem
-from ._model import DRAG_KINDS, Spec, equation_error_guess, theta_chart
+from ._model import DRAG_KINDS, Spec, equation_error_guess, reference_rates, theta_chart
 from ._windows import REF_TOL, _as_segments, _initial_substeps, _recording_labels
 from ._result import FitStatus
-from ..reference import euler_omega
 from .transforms import Box, MomentRatios, PrincipalMoments, Real, TensorRatios
 
 __all__ = [
@@ -467,15 +466,18 @@ def window_problems(segments, *, tensor: bool = False, drag: str | None = None, 
 def reference_check(problems, fits, *, tolerance: float = REF_TOL):
     """fit_inertia's re-simulation check for :func:`window_problems`' fits: each fitted window
     (its inertia, drag, initial rate and gyroscope bias) is integrated again by SciPy's DOP853
-    at rtol 1e-10 (:func:`rigidjax.reference.euler_omega`, all windows in one call), an
-    integrator independent of the midpoint step. A ``converged`` fit whose residual RMS
+    at rtol 1e-10 (:func:`rigidjax.reference.euler_omega`: all windows in one call, each alone
+    where that fails), an integrator independent of the midpoint step. A ``converged`` fit
+    whose residual RMS
     under DOP853 differs from its own by more than ``tolerance`` (relative) becomes
     :attr:`~rigidjax.identify.FitStatus.STEP_ERROR`: the midpoint step's error, not the
     data, shapes that optimum. Complements the layer's Richardson check (the same stepper
     at twice the steps) with a second integrator.
 
     Args:
-        problems: from :func:`window_problems` (possibly with other ``substeps``).
+        problems: from :func:`window_problems` (possibly with other ``substeps``; the same
+            objects or copies by ``dataclasses.replace``, whose initial-state object is the
+            recipe's).
         fits: their :class:`~rigidjax.identify.ProblemFit` s (e.g. from
             :func:`~rigidjax.identify.fit_many`), in the same order.
         tolerance: the largest accepted relative change of the residual RMS
@@ -488,14 +490,25 @@ def reference_check(problems, fits, *, tolerance: float = REF_TOL):
         the fit gave no finite values).
 
     Raises:
-        ValueError: a problem not made by :func:`window_problems`, or ``fits`` of another length.
+        ValueError: a problem not made by :func:`window_problems` (or with a gyroscope gain,
+            misalignment or delay), ``fits`` of another length, a ``tolerance`` that is not
+            a positive number.
     """
+    problems, fits = list(problems), list(fits)
     initial = _window_parts()[1]
     if len(fits) != len(problems):
         raise ValueError(f"reference_check: {len(problems)} problems but {len(fits)} fits")
+    if not (isinstance(tolerance, (int, float)) and 0 < tolerance < math.inf):
+        raise ValueError(f"reference_check: tolerance must be a positive number; got {tolerance!r}")
     for i, p in enumerate(problems):
         if p.initial is not initial or len(p.segments) != 1 or len(p.observations) != 1:
             raise ValueError(f"reference_check: problem {i} was not made by window_problems (one torque-free window)")
+        o = p.observations[0]
+        if not isinstance(o, obs.AngularVelocity) or o.gain or o.misalignment or o.max_delay is not None:
+            raise ValueError(
+                f"reference_check: problem {i}'s gyroscope model has more than a bias (gain, misalignment or delay), "
+                "which the DOP853 re-simulation does not apply"
+            )
     ok = [
         i
         for i, f in enumerate(fits)
@@ -504,29 +517,32 @@ def reference_check(problems, fits, *, tolerance: float = REF_TOL):
     ref = np.full(len(fits), np.nan)
     if ok:
         models = [fits[i].model for i in ok]
-        try:
-            ws = euler_omega(
-                np.stack([np.asarray(m.inertia, float) for m in models]),
-                np.stack([np.asarray(fits[i].initial[0], float) for i in ok]),
-                [np.asarray(problems[i].segments[0].t, float) for i in ok],
-                damping=np.stack([np.asarray(m.resistance, float)[3:, 3:] for m in models]),
-                rtol=1e-10,
-            )
-        except (RuntimeError, np.linalg.LinAlgError, ValueError):
-            ws = None
-        for j, i in enumerate(ok if ws is not None else ()):
-            b = np.asarray(fits[i].sensor[0].get("bias", np.zeros(3)), float)
-            ref[i] = float(np.sqrt(np.mean((ws[j] + b - problems[i].segments[0].data["omega"]) ** 2)))
+        ws = reference_rates(
+            np.stack([np.asarray(m.inertia, float) for m in models]),
+            np.stack([np.asarray(fits[i].initial[0], float) for i in ok]),
+            [np.asarray(problems[i].segments[0].t, float) for i in ok],
+            np.stack([np.asarray(m.resistance, float)[3:, 3:] for m in models]),
+        )
+        for w, i in zip(ws, ok):
+            if w is not None:
+                b = np.asarray(fits[i].sensor[0].get("bias", np.zeros(3)), float)
+                ref[i] = float(np.sqrt(np.mean((w + b - problems[i].segments[0].data["omega"]) ** 2)))
     out = []
     for f, r in zip(fits, ref):
         rms = float(f.rms[0])
-        if f.status == FitStatus.CONVERGED and not abs(r - rms) <= tolerance * rms:
-            found = f"the residual is {r:.3g} rad/s" if np.isfinite(r) else "the integration failed"
+        if f.status == FitStatus.CONVERGED and not np.isfinite(r):
             f = dataclasses.replace(
                 f,
                 status=FitStatus.STEP_ERROR,
-                message=f"re-simulated by DOP853 {found} against the fit's {rms:.3g}: the step error "
-                f"({f.substeps} sub-steps) shapes this fit (raise Problem.substeps)",
+                message="DOP853 could not re-simulate the fitted window (a degenerate inertia?): the step error of "
+                "this fit is not checked",
+            )
+        elif f.status == FitStatus.CONVERGED and not abs(r - rms) <= tolerance * rms:
+            f = dataclasses.replace(
+                f,
+                status=FitStatus.STEP_ERROR,
+                message=f"re-simulated by DOP853 the residual is {r:.3g} rad/s against the fit's {rms:.3g}: the step "
+                f"error ({f.substeps} sub-steps) shapes this fit (raise Problem.substeps)",
             )
         out.append(f)
     return out, ref
