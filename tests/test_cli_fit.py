@@ -245,7 +245,7 @@ def test_progress_plain_lines():
     assert [re.sub(r"^\[ *[0-9.]+ s\] ", "", line) for line in lines] == [
         "loading 1/2: a.csv",
         "compiling (then fitting 2 window(s), 4 start(s) each)",
-        "fitting: LM iteration 1, 8 of 8 problem(s) iterating",
+        "fitting: LM iteration 1, 8 of 8 start(s) iterating",
         "done",
     ]
     quiet = io.StringIO()

@@ -188,7 +188,7 @@ class Progress:
         if self.phase.startswith("fitting"):
             s += f": LM iteration {self.iteration}"
             if self.active is not None:
-                s += f", {self.active} of {self.total} problem(s) iterating"
+                s += f", {self.active} of {self.total} start(s) iterating"
         if self.compiles or self.hits:
             s += f"; compiled {self.compiles} program(s) in {self.compile_s:.1f} s"
             s += f", {self.hits} from the cache" if self.hits else ""

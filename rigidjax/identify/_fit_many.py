@@ -75,6 +75,9 @@ def fit_many(
       estimates (:func:`rigidjax.identify.combine`) and marks the windows whose residual the
       others do not share (a wrong basin, or motion the model does not describe).
 
+    ``progress``: as :func:`~rigidjax.identify.fit`'s, ``progress(n_active)`` after every
+    optimiser iteration, counting the starts of every problem still iterating.
+
     With ``groups`` a result depends on the other windows (through the consensus and the
     medians); without it (``None``, the default) the problems are independent.
 

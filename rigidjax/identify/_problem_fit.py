@@ -134,6 +134,8 @@ def _fit(
     ``(problems in dtype, their layouts)`` already checked (layouts, sub-steps, one structure)
     by the caller, which :func:`~rigidjax.identify.fit_many` does for all its problems at once.
     ``progress``: ``progress(n_active)`` after every optimiser iteration (see :func:`fit`)."""
+    if progress is not None and not callable(progress):
+        raise TypeError(f"{name}: progress must be a callable progress(n_active) or None; got {progress!r}")
     if not isinstance(starts, (int, np.integer)) or starts < 1:
         raise ValueError(f"{name}: starts must be an integer >= 1; got {starts!r}")
     if not spread >= 0:
