@@ -718,6 +718,39 @@ def test_fit_many_equals_one_by_one_and_keeps_the_others():
         identify.fit_many([])
 
 
+def test_keep_drops_starts_after_the_first_phase_and_finds_the_same_minimum():
+    """``keep``: every start runs the first ``RESCUE_FIRST_STEPS`` iterations, then only the
+    lowest continue. On three noisy windows (8 starts each) keeping 2 reaches the minimum that
+    every start run to its end reaches (values to 1e-6 standard errors: both converged to
+    first-order optimality, by different paths), with fewer start-iterations (counted by
+    ``progress``); ``starts_at_best`` counts among the kept starts and ``starts`` still says
+    how many ran. A ``keep`` that is not an integer >= 1 is refused."""
+    rng = np.random.default_rng(12)
+    problems = []
+    for n in (60, 50, 45):
+        seg = _free_body_segment(n=n)
+        noisy = identify.MeasuredSegment(
+            t=seg.t, data={"omega": seg.data["omega"] + 1e-3 * rng.standard_normal((n, 3))}, state0=seg.state0
+        )
+        problems.append(_problem([noisy]))
+    work = {}
+    fits = {}
+    for keep in (None, 2):
+        counted = []
+        fits[keep] = identify.fit_many(problems, starts=8, keep=keep, progress=counted.append, step_check="off")
+        work[keep] = sum(counted)
+    for every, kept in zip(fits[None], fits[2]):
+        assert every.status == kept.status == identify.FitStatus.CONVERGED, (every.message, kept.message)
+        assert kept.starts == every.starts == 8 and 1 <= kept.starts_at_best <= 2, kept.starts_at_best
+        dz = (np.asarray(kept.values["ratios"]) - every.values["ratios"]) / every.se["ratios"]
+        assert np.max(np.abs(dz)) < 1e-6, dz
+        _within(kept.values["ratios"], INERTIA[1:] / INERTIA[0], kept.se["ratios"], 3)
+    assert work[2] < work[None], work
+    for bad in (0, 1.5, "2"):
+        with pytest.raises(ValueError, match="keep must be None or an integer >= 1"):
+            identify.fit(problems[0], keep=bad)
+
+
 def _windows_of_own_sigma_and_substeps():
     """Three gyroscope windows, each with its own length, noise level and sub-step count."""
     rng = np.random.default_rng(5)

@@ -37,7 +37,7 @@ POOR_MEDIAN, POOR_SIGNAL, POOR_NOISE = 5.0, 0.25, 10.0
 #: Random starts of a refit, and how many of all its starts continue after the first phase.
 RESCUE_RANDOM, RESCUE_KEEP = 16, 4
 #: Iterations of every refit start before the lowest continue (``fit_many``; ``fit_inertia``
-#: uses its ``phase1_steps``).
+#: uses its ``phase1_steps``), and of every start of ``fit``/``fit_many`` with ``keep``.
 RESCUE_FIRST_STEPS = 12
 #: Fewest judged windows of a recording for its own median (else the median over all).
 MIN_GROUP = 3

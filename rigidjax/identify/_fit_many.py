@@ -39,6 +39,7 @@ def fit_many(
     step_check: str = "refine",
     groups: Sequence | None = None,
     progress: Callable | None = None,
+    keep: int | None = None,
 ) -> list[ProblemFit]:
     """Fit several independent problems of one structure at once (e.g. one per measured
     window, each with its own values): one compiled program evaluates every start of every
@@ -76,7 +77,9 @@ def fit_many(
       others do not share (a wrong basin, or motion the model does not describe).
 
     ``progress``: as :func:`~rigidjax.identify.fit`'s, ``progress(n_active)`` after every
-    optimiser iteration, counting the starts of every problem still iterating.
+    optimiser iteration, counting the starts of every problem still iterating. ``keep``: as
+    :func:`~rigidjax.identify.fit`'s, per problem (the refits of suspects always keep
+    :data:`~rigidjax.identify._across.RESCUE_KEEP`).
 
     With ``groups`` a result depends on the other windows (through the consensus and the
     medians); without it (``None``, the default) the problems are independent.
@@ -107,11 +110,11 @@ def fit_many(
             raise ValueError(
                 f"fit_many: groups has {len(groups)} labels for {len(problems)} problems (one per problem)"
             )
-    return _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step_check, progress)
+    return _many(problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step_check, progress, keep)
 
 
 def _many(
-    problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step_check, progress=None
+    problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step_check, progress=None, keep=None
 ) -> list[ProblemFit]:
     """:func:`fit_many`: the fits (one program per family, see :func:`fit_many`); for windows of one body
     (``groups``) the refit of suspect windows from the others' consensus and the poor-fit
@@ -152,6 +155,7 @@ def _many(
                     refits=hook,
                     laid_out=(part, [layouts[w] for w in idx]),
                     progress=progress,
+                    keep=keep,
                 )
             except ValueError as e:  # name the problems by their place in the call
                 msg = str(e)

@@ -41,6 +41,7 @@ def fit(
     pad_to: int | None = None,
     step_check: str = "refine",
     progress: Callable | None = None,
+    keep: int | None = None,
 ) -> ProblemFit:
     """Fit ``problem`` (see the module for the method, statuses and uncertainties).
 
@@ -68,20 +69,28 @@ def fit(
         progress: optional ``progress(n_active)``, called after every optimiser iteration
             (the starts still iterating; refits and step refinements report too), e.g. to
             show a progress bar.
+        keep: ``None`` (default): every start runs to its end (convergence or
+            ``max_steps``). An integer: every start runs the first
+            :data:`~rigidjax.identify._across.RESCUE_FIRST_STEPS` iterations, then only the
+            ``keep`` lowest-cost ones continue (the others are dropped: ``starts_at_best``
+            counts among the kept). On data with flat directions (a drag next to the
+            inertia) starts that crawl along the valley would otherwise each run to
+            ``max_steps``; :func:`~rigidjax.identify.fit_inertia` keeps 1 of 4, as its own
+            engine did.
 
     Returns:
         :class:`ProblemFit`.
 
     Raises:
         ValueError: bad options (``pad_to`` below the longest segment, ``starts`` or
-            ``max_steps`` below 1); a signal map without an observation's signal; a stepper
+            ``max_steps`` or ``keep`` below 1); a signal map without an observation's signal; a stepper
             that does not accept the state or inputs; start values that cannot be simulated
             (a failed step or NaN at the given values, named).
     """
     if not isinstance(problem, Problem):
         raise TypeError(f"fit: expected an identify.Problem; got {type(problem).__name__} (several: fit_many)")
     options = (starts, spread, seed, max_steps, dtype, pad_to, step_check)
-    return _fit([problem], *options, raise_on_failure=True, name="fit", progress=progress)[0]
+    return _fit([problem], *options, raise_on_failure=True, name="fit", progress=progress, keep=keep)[0]
 
 
 _START_HINTS = {
@@ -124,6 +133,7 @@ def _fit(
     refits=None,
     laid_out=None,
     progress=None,
+    keep=None,
 ):
     """The fit of :func:`fit` and :func:`~rigidjax.identify.fit_many`. ``sigma_rule``: see
     :func:`~rigidjax.identify._problem_result.result`. ``refits``: a list to which the fit
@@ -133,11 +143,14 @@ def _fit(
     same compiled program (fit_many's refit of suspect windows: no compilation). ``laid_out``:
     ``(problems in dtype, their layouts)`` already checked (layouts, sub-steps, one structure)
     by the caller, which :func:`~rigidjax.identify.fit_many` does for all its problems at once.
-    ``progress``: ``progress(n_active)`` after every optimiser iteration (see :func:`fit`)."""
+    ``progress``: ``progress(n_active)`` after every optimiser iteration; ``keep``: the
+    starts per problem that continue after the first phase (see :func:`fit`)."""
     if progress is not None and not callable(progress):
         raise TypeError(f"{name}: progress must be a callable progress(n_active) or None; got {progress!r}")
     if not isinstance(starts, (int, np.integer)) or starts < 1:
         raise ValueError(f"{name}: starts must be an integer >= 1; got {starts!r}")
+    if keep is not None and not (isinstance(keep, (int, np.integer)) and keep >= 1):
+        raise ValueError(f"{name}: keep must be None or an integer >= 1; got {keep!r}")
     if not spread >= 0:
         raise ValueError(f"{name}: spread must be >= 0; got {spread!r}")
     if not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
@@ -200,20 +213,14 @@ def _fit(
     # the random starts into the transforms' box (the given start is inside: _Layout checks it)
     X0 = np.clip(X0, lo, hi)
     eps = float(jnp.finfo(dtype).eps)
-    st = _lm.solve(
-        evaluate,
-        X0,
-        np.arange(W * starts),
-        lo,
-        hi,
-        eps=eps,
-        max_steps=max_steps,
-        running_scale=True,
-        progress=progress,
-    )
-    cost = np.where(st["ok"], st["cost"], np.inf).reshape(W, starts)
+    # every start the first RESCUE_FIRST_STEPS iterations, then the `keep` lowest of each
+    # problem to max_steps (all of them where keep is None)
+    kept = starts if keep is None else min(keep, starts)
+    first = max_steps if kept == starts else min(_across.RESCUE_FIRST_STEPS, max_steps)
+    st = _two_phase(evaluate, X0, np.arange(W * starts), lo, hi, starts, kept, eps, first, max_steps - first, progress)
+    cost = np.where(st["ok"], st["cost"], np.inf).reshape(W, kept)
     best = np.argmin(np.where(np.isfinite(cost), cost, np.inf), axis=1)
-    rows = np.arange(W) * starts + best
+    rows = np.arange(W) * kept + best
     # every problem's best point in one evaluation of the fit's own program
     at_best_eval = run(st["x"][rows], np.arange(W))
 
@@ -277,30 +284,8 @@ def _fit(
         which = np.repeat(np.asarray(ws), n)
         lo_r, hi_r = np.stack([layouts[w].lo for w in which]), np.stack([layouts[w].hi for w in which])
         # rows w * starts: evaluate() reads a row's problem as row // starts
-        r = _lm.solve(
-            evaluate,
-            np.clip(X, lo_r, hi_r),
-            which * starts,
-            lo_r,
-            hi_r,
-            eps=eps,
-            max_steps=_across.RESCUE_FIRST_STEPS,
-            running_scale=True,
-            progress=progress,
-        )
-        c1 = np.where(r["ok"], r["cost"], np.inf).reshape(len(ws), n)
-        r = _lm.select(r, (np.argsort(c1, 1)[:, :keep] + np.arange(len(ws))[:, None] * n).ravel())
-        r = _lm.solve(
-            evaluate,
-            None,
-            None,
-            None,
-            None,
-            eps=eps,
-            max_steps=max_steps,
-            state=r,
-            running_scale=True,
-            progress=progress,
+        r = _two_phase(
+            evaluate, X, which * starts, lo_r, hi_r, n, keep, eps, _across.RESCUE_FIRST_STEPS, max_steps, progress
         )
         c2 = np.where(r["ok"], r["cost"], np.inf).reshape(len(ws), keep)
         found = {}
@@ -314,6 +299,24 @@ def _fit(
     if refits is not None:
         refits.append(refit)
     return out
+
+
+def _two_phase(evaluate, X, rows, lo, hi, n, keep, eps, first, then, progress) -> dict:
+    """:func:`_lm.solve` from the starts ``X`` (consecutive groups of ``n`` per problem): every
+    start ``first`` iterations, then the ``keep`` lowest-cost of each group ``then`` more
+    (``then == 0``: one call). Returns the state of the kept rows (``keep`` per group, in
+    group order)."""
+    st = _lm.solve(
+        evaluate, np.clip(X, lo, hi), rows, lo, hi, eps=eps, max_steps=first, running_scale=True, progress=progress
+    )
+    if keep < n:
+        c1 = np.where(st["ok"], st["cost"], np.inf).reshape(-1, n)
+        st = _lm.select(st, (np.argsort(c1, 1, kind="stable")[:, :keep] + np.arange(len(c1))[:, None] * n).ravel())
+    if then < 1:
+        return st
+    return _lm.solve(
+        evaluate, None, None, None, None, eps=eps, max_steps=then, state=st, running_scale=True, progress=progress
+    )
 
 
 def _remembered(run, x, value):
