@@ -145,7 +145,9 @@ def test_thin_plate_reaches_the_edge():
     assert f.status == identify.FitStatus.CONVERGED, f.message
     assert f.x[0] == 1.0 and 0 < f.x[1] < tr.V_MAX, f.x[:2]
     # the message names the chart coordinate held (u = 1: the edge Iz = Ix + Iy), not the value
-    assert "held at a bound: ratios (MomentRatios coordinate 0) = 1 (upper bound)" in f.message, f.message
+    assert (
+        "held at a bound: ratios (MomentRatios coordinate 0) = 1 (upper bound; beyond it Iz > Ix + Iy)" in f.message
+    ), f.message
     r = f.values["ratios"]
     assert r[1] == r[0] + 1.0  # Iz/Iy = Ix/Iy + 1 exactly: a thin plate
     _within(r, PLATE[[0, 2]] / PLATE[1], f.se["ratios"])
@@ -360,5 +362,7 @@ def test_command_line_fit_of_a_noisy_plate_converges_on_its_face(tmp_path, capsy
     capsys.readouterr()
     d = json.loads(out.read_text())
     assert code == 0 and d["status"] == "converged", d["message"]
-    assert "held at a bound: ratios (MomentRatios coordinate 0) = 1 (upper bound)" in d["message"], d["message"]
+    assert (
+        "held at a bound: ratios (MomentRatios coordinate 0) = 1 (upper bound; beyond it Iz > Ix + Iy)" in d["message"]
+    ), d["message"]
     _within(d["values"]["ratios"], [0.5, 1.5], d["se"]["ratios"])

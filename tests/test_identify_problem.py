@@ -609,7 +609,9 @@ def test_cli_fits_simulate_output(tmp_path, capsys):
     d = json.loads(out.read_text())
     assert code == 0 and d["status"] == "converged", text
     assert "steps refined to substeps=" in d["message"], d["message"]
-    assert "held at a bound: ratios (MomentRatios coordinate 0) = 1 (upper bound)" in d["message"], d["message"]
+    assert (
+        "held at a bound: ratios (MomentRatios coordinate 0) = 1 (upper bound; beyond it Iz > Ix + Iy)" in d["message"]
+    ), d["message"]
     assert max(d["step_shift"]) <= 0.3  # the step check's limit, in standard errors
     # the racquet of `simulate`: ratios Ix/Iy = 0.5, Iz/Iy = 1.5
     assert max(d["se"]["ratios"]) < 1e-5

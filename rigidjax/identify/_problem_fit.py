@@ -285,7 +285,17 @@ def _fit(
         lo_r, hi_r = np.stack([layouts[w].lo for w in which]), np.stack([layouts[w].hi for w in which])
         # rows w * starts: evaluate() reads a row's problem as row // starts
         r = _two_phase(
-            evaluate, X, which * starts, lo_r, hi_r, n, keep, eps, _across.RESCUE_FIRST_STEPS, max_steps, progress
+            evaluate,
+            X,
+            which * starts,
+            lo_r,
+            hi_r,
+            n,
+            keep,
+            eps,
+            min(_across.RESCUE_FIRST_STEPS, max_steps),
+            max_steps,
+            progress,
         )
         c2 = np.where(r["ok"], r["cost"], np.inf).reshape(len(ws), keep)
         found = {}

@@ -270,10 +270,11 @@ def _values_and_jacobian(problem, layout, dtype):
 
 
 def held_at_bounds(layout, x, g) -> list[str]:
-    """``"name (Transform coordinate k) = bound (lower|upper)"`` for each coordinate the
+    """``"name (Transform coordinate k) = bound (lower|upper bound)"`` for each coordinate the
     optimiser holds at a bound at ``x`` (gradient ``g`` pointing out of the box, as
     :mod:`rigidjax.identify._lm`'s active set): the bound is on the transform's coordinate,
-    not on the value (e.g. ``MomentRatios``' ``u = 1``: the edge ``Iz = Ix + Iy``)."""
+    not on the value (e.g. ``MomentRatios``' ``u = 1``: the edge ``Iz = Ix + Iy``), and where
+    the transform names what lies beyond (its ``beyond``), ``"...; beyond it Iz > Ix + Iy)"``."""
     lo_, hi_ = (x <= layout.lo) & (g > 0), (x >= layout.hi) & (g < 0)
     out = []
     for i in np.flatnonzero(lo_ | hi_):
@@ -281,8 +282,11 @@ def held_at_bounds(layout, x, g) -> list[str]:
             if off <= i < off + n:
                 label = name if kind == "model" else f"{kind}.{name}"
                 k = f" {i - off}" if n > 1 else ""
+                side = "lower" if lo_[i] else "upper"
+                past = getattr(tr, "beyond", {}).get((i - off, side))
                 out.append(
-                    f"{label} ({type(tr).__name__} coordinate{k}) = {x[i]:.6g} ({'lower' if lo_[i] else 'upper'} bound)"
+                    f"{label} ({type(tr).__name__} coordinate{k}) = {x[i]:.6g} ({side} bound"
+                    + (f"; beyond it {past})" if past else ")")
                 )
     return out
 

@@ -272,6 +272,9 @@ class MomentRatios:
 
     #: see the module: a value known only to more than this (relative) is not determined
     relative_se_max: ClassVar[float] = REL_SE_MAX
+    #: what lies beyond each edge of the box, ``(coordinate, "lower" | "upper")`` (a fit's
+    #: message names it where the optimum is held there)
+    beyond: ClassVar[dict] = {(0, "upper"): "Iz > Ix + Iy", (0, "lower"): "Ix > Iy + Iz", (1, "lower"): "Iy > Ix + Iz"}
 
     v_max: float = V_MAX
 
@@ -404,6 +407,8 @@ class TensorRatios:
     #: see the module; judged on the diagonal ratios (the products of inertia may be 0)
     relative_se_max: ClassVar[float] = REL_SE_MAX
     relative_entries: ClassVar[tuple] = (0, 1)
+    #: as :class:`MomentRatios`' (``I1, I2, I3`` the principal moments ``(v + 1 - u, 1, u + v)``)
+    beyond: ClassVar[dict] = {(0, "upper"): "I3 > I1 + I2", (0, "lower"): "I1 > I2 + I3", (1, "lower"): "I2 > I1 + I3"}
 
     v_max: float = V_MAX
 
