@@ -124,6 +124,7 @@ exit status (every command; `rigidjax COMMAND --help` says what each means there
   1  a result that is not fully trustworthy (fit, fit-pendulum)
   2  bad path, file or option
   3  recordings whose estimates disagree were not pooled (fit)
+  130  interrupted (Ctrl-C)
 """
 
 
@@ -191,6 +192,9 @@ def main(argv=None) -> int:
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as e:
         print(f"rigidjax {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, not JAX's traceback; the shell's code for SIGINT
+        print(f"\nrigidjax {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 class _PipeSafe:

@@ -39,7 +39,7 @@ def test_help_lists_the_exit_codes(capsys):
         with pytest.raises(SystemExit):
             build_parser().parse_args([cmd, "--help"])
         text = capsys.readouterr().out
-        assert "exit status:" in text and "2  bad path, file or option" in text
+        assert "exit status:" in text and "2  bad path, file or option" in text and "130  interrupted" in text
         # only `fit` pools recordings, so only it can refuse recordings that disagree
         assert ("3  recordings whose estimates disagree" in text) == (cmd == "fit")
 
@@ -300,3 +300,28 @@ def test_several_paths_column_map_and_units(tmp_path, capsys):
     # a missing second path exits 2 naming it, before anything is fitted
     assert main(["fit", paths[0], str(tmp_path / "nope.csv"), "--quiet"]) == 2
     assert "nope.csv: no such file or folder" in capsys.readouterr().err
+
+
+def test_ctrl_c_ends_with_one_line_and_status_130(tmp_path):
+    """Ctrl-C (SIGINT) while the fit compiles ends the command with one line on stderr and the
+    shell's status for SIGINT (130), not JAX's traceback."""
+    import signal
+
+    env = {**os.environ, NO_CACHE_ENV: "1"}
+    p = subprocess.Popen(
+        [sys.executable, "-m", "rigidjax", "fit", "--tosses", "2", "--json", str(tmp_path / "out.json")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen = []
+    for line in p.stderr:  # one plain line per phase (not a terminal)
+        seen.append(line)
+        if "compiling" in line:
+            break
+    p.send_signal(signal.SIGINT)
+    _, rest = p.communicate(timeout=120)
+    err = "".join(seen) + rest
+    assert p.returncode == 130, err
+    assert "rigidjax fit: interrupted" in err and "Traceback" not in err, err

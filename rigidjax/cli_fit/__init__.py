@@ -67,6 +67,7 @@ exit status:
      table say which)
   2  bad path, file or option
   3  recordings whose estimates disagree were not pooled (--pool-all pools them anyway)
+  130  interrupted (Ctrl-C)
 """
 
 DESCRIPTION = """\

@@ -22,6 +22,7 @@ exit status:
   1  a window was left out (not a free swing, a poor fit, no swing at all, not converged):
      the status line and the messages name it
   2  bad path, file or option
+  130  interrupted (Ctrl-C)
 """
 
 
