@@ -228,6 +228,10 @@ def _fit(
     # (and of a refit's problems, through the same program; where the rate is rolled out
     # alone, the fit's Jacobian program in calls of the fit's rows)
     finer_at = finer_caller(problems, layout, dtype, N, call_rows(W, starts)) if step_check != "off" else None
+    # the sub-steps as data: a refinement's refits and checks through this program (its shapes)
+    shared = (
+        (W, call_rows(W, starts)) if step_check != "off" and _steps_part(problems[0], layout, dtype) is None else None
+    )
     finer = finer_at(st["x"][rows], np.arange(W)) if finer_at is not None else None
 
     def finish(w, st_, row, at_best, n_starts, one, first=False):
@@ -257,6 +261,7 @@ def _fit(
                 sigma_rule,
                 known,
                 progress,
+                shared,
             )
         held = held_at_bounds(lay, x, g)
         if held:

@@ -378,17 +378,18 @@ def call_rows(problems: int, starts: int) -> int:
     return min(problems * starts, max(starts, CHUNK_ROWS))
 
 
-def _evaluator(problems, layout, dtype, N: int, starts: int):
+def _evaluator(problems, layout, dtype, N: int, starts: int, rows: int | None = None):
     """``(stacked, run, evaluate, run_one)`` of ``problems`` (one structure, see
     :func:`_program`; ``layout`` of the first), padded to ``N`` samples: ``stacked`` per
     problem; ``run(X, which) -> (r, status, J)`` of points ``X`` of problems ``which``;
     ``evaluate(X, rows)`` as :func:`rigidjax.identify._lm.solve` calls it (row ``i`` of the
     batch is problem ``i // starts``); ``run_one(w)(X)``: ``run`` of problem ``w`` alone. Every
     call runs in calls of one shape (:data:`CHUNK_ROWS` rows, at least ``starts``, at most
-    every start of every problem): one compiled program whatever the number of points."""
+    every start of every problem; or ``rows``): one compiled program whatever the number of
+    points."""
     stacked, arrays = _stack_many(problems, dtype, N)
     jac_all = _program(problems[0], layout, dtype)
-    rows = call_rows(len(problems), starts)
+    rows = call_rows(len(problems), starts) if rows is None else rows
     call = _caller(jac_all, arrays, dtype)
     # float64 with a large Jacobian per call, or rows split over several devices (each
     # process receives every row's result): J^T J and J^T r formed in the program (what the

@@ -102,17 +102,14 @@ def finer_caller(problems, layout, dtype, N, rows: int | None = None):
     return at
 
 
-def finer_residuals(problems, layout, dtype, N, X) -> tuple[np.ndarray, np.ndarray]:
-    """``(r_2k, ok)`` of every problem ``w`` at ``X[w]`` (see :func:`finer_caller`)."""
-    return finer_caller(problems, layout, dtype, N)(X, np.arange(len(problems)))
-
-
-def _step_shift(problem, layout, out, run, x, dtype, N, finer=None) -> np.ndarray:
+def _step_shift(problem, layout, out, run, x, dtype, N, finer=None, shape=None) -> np.ndarray:
     """:func:`rigidjax.identify.shift` of every fitted value at ``x`` (segments padded to ``N``;
-    ``finer``: ``(r_2k, ok)`` at ``x`` where already evaluated, see :func:`finer_residuals`)."""
+    ``finer``: ``(r_2k, ok)`` at ``x`` where already evaluated, see :func:`finer_caller`;
+    ``shape``: see :func:`refine_steps`)."""
     r_k, _, J = run(x[None])
     if finer is None:
-        r_2k, ok = finer_residuals([problem], layout, dtype, N, np.asarray(x)[None])
+        copies, rows = shape or (1, None)
+        r_2k, ok = finer_caller([problem] * copies, layout, dtype, N, rows)(np.asarray(x)[None], np.zeros(1, int))
         finer = (r_2k[0], bool(ok[0]))
     r_2k, ok = finer
     if not ok:
@@ -122,18 +119,37 @@ def _step_shift(problem, layout, out, run, x, dtype, N, finer=None) -> np.ndarra
 
 
 def refine_steps(
-    problem, layout, out, run, x, g, dtype, N, max_steps, refine, sigma_rule: bool = True, finer=None, progress=None
+    problem,
+    layout,
+    out,
+    run,
+    x,
+    g,
+    dtype,
+    N,
+    max_steps,
+    refine,
+    sigma_rule: bool = True,
+    finer=None,
+    progress=None,
+    shape=None,
 ):
     """The step-error check (:mod:`rigidjax.identify._step_error`): while the stepper's error
     moves a value by more than ``STEP_SHIFT_MAX`` standard errors, double ``substeps`` (at most
     ``MAX_DOUBLINGS`` times; none without ``refine``) and refit from the optimum (one start:
     the multi-start search was done). Returns ``(out, x, g)`` of the last fit, with
     ``substeps`` and ``step_shift``. ``finer``: the residuals at twice the steps at ``x`` where
-    already evaluated (:func:`finer_residuals`). ``progress``: the fit's (after every iteration)."""
+    already evaluated (:func:`finer_caller`). ``progress``: the fit's (after every iteration).
+    ``shape``: ``(problems, rows per call)`` of the fit's program where it takes the sub-steps
+    as data (:func:`~rigidjax.identify._program_key._steps_key`): the refits and checks at
+    other steps then run through that program with this problem in every row of its data (the
+    same shapes: no trace or compilation; a 32-row call per iteration, ~7 ms for the racquet
+    windows, instead of a program traced and compiled for one problem, 1.5-5 s); ``None``: a
+    program for this problem alone."""
     first, previous, roundoff = out, np.inf, False
     se_first = _se(first)
     for doubling in range(MAX_DOUBLINGS + 1):
-        shift = _step_shift(problem, layout, out, run, x, dtype, N, finer if doubling == 0 else None)
+        shift = _step_shift(problem, layout, out, run, x, dtype, N, finer if doubling == 0 else None, shape)
         worst = int(np.nanargmax(shift)) if np.any(np.isfinite(shift)) else 0
         # the shift itself (not in this fit's standard errors, which shrink with the model
         # error they contain), in the first fit's standard errors: a fixed scale
@@ -165,7 +181,8 @@ def refine_steps(
             )
             break
         problem = dataclasses.replace(problem, substeps=doubled(problem.substeps))
-        stacked, _, evaluate, run_one = _evaluator([problem], layout, dtype, N, 1)
+        copies, rows = shape or (1, None)
+        stacked, _, evaluate, run_one = _evaluator([problem] * copies, layout, dtype, N, 1, rows)
         stacked, run = stacked[0], run_one(0)
         lo, hi = layout.lo[None], layout.hi[None]
         st = _lm.solve(
