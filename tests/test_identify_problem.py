@@ -753,6 +753,36 @@ def test_keep_drops_starts_after_the_first_phase_and_finds_the_same_minimum():
             identify.fit(problems[0], keep=bad)
 
 
+def test_multistart_check_of_layer_fits():
+    """``multistart_check`` on the layer's fits: a dense search (30 starts, another seed, a wider
+    spread, every start to its end) finds no lower cost than three converged ``fit_many``
+    windows report (excess below 1e-9: both at the first-order optimum), and finds the lower
+    cost of a fit stopped after 2 iterations (excess above 1e-3). Fits without their problems
+    are refused."""
+    rng = np.random.default_rng(13)
+    problems = []
+    for n in (60, 50, 45):
+        seg = _free_body_segment(n=n)
+        noisy = identify.MeasuredSegment(
+            t=seg.t, data={"omega": seg.data["omega"] + 1e-3 * rng.standard_normal((n, 3))}, state0=seg.state0
+        )
+        problems.append(_problem([noisy]))
+    fits = identify.fit_many(problems, starts=3)
+    assert all(f.status == identify.FitStatus.CONVERGED for f in fits), [f.message for f in fits]
+    check = identify.multistart_check(fits, problems=problems, starts=30)
+    assert [c["name"] for c in check] == ["problems[0]", "problems[1]", "problems[2]"]
+    for c, f in zip(check, fits):
+        assert c["n_starts"] == 30 and c["starts_at_best"] >= 1 and c["reported_cost"] == f.cost
+        assert abs(c["excess"]) < 1e-9, c
+        np.testing.assert_allclose(c["best_values"]["ratios"], f.values["ratios"], rtol=1e-6)
+    early = identify.fit(problems[0], starts=1, max_steps=2, step_check="off")
+    assert early.status == identify.FitStatus.MAX_STEPS
+    (c,) = identify.multistart_check(early, problems=problems[0], starts=30)
+    assert c["excess"] > 1e-3, c
+    with pytest.raises(ValueError, match="need their problems"):
+        identify.multistart_check(fits, starts=5)
+
+
 def _windows_of_own_sigma_and_substeps():
     """Three gyroscope windows, each with its own length, noise level and sub-step count."""
     rng = np.random.default_rng(5)

@@ -322,3 +322,37 @@ def _judge(out: list, groups, signal, observations) -> None:
     for j, w in enumerate(judged):
         if reasons[j]:
             out[w] = dataclasses.replace(out[w], status=FitStatus.POOR_FIT, message="; ".join(reasons[j]))
+
+
+def multistart_problems(fits, problems, *, starts: int, seed: int, spread: float, max_steps: int, progress=None):
+    """:func:`~rigidjax.identify.multistart_check` of the layer's fits: each problem fitted
+    again from ``starts`` points (its given values and random ones, ``spread`` around them,
+    another ``seed`` than the fit's), every start to its end, at the sub-steps the fit ended
+    with, no step check. Returns one dict per fit (see ``multistart_check``)."""
+    one = isinstance(fits, ProblemFit)
+    fits = [fits] if one else list(fits)
+    problems = [problems] if isinstance(problems, Problem) else list(problems or [])
+    if len(problems) != len(fits) or not all(isinstance(f, ProblemFit) for f in fits):
+        raise ValueError(
+            f"multistart_check: the layer's fits need their problems, one per fit (problems=...); got {len(fits)} "
+            f"fit(s) and {len(problems)} problem(s)"
+        )
+    again = [dataclasses.replace(p, substeps=f.substeps) for p, f in zip(problems, fits)]
+    found = fit_many(
+        again, starts=starts, seed=seed, spread=spread, max_steps=max_steps, step_check="off", progress=progress
+    )
+    out = []
+    for i, (f, g) in enumerate(zip(fits, found)):
+        rep, best = float(f.cost), float(g.cost)
+        out.append(
+            {
+                "name": f"problems[{i}]",
+                "reported_cost": rep,
+                "best_cost": best,
+                "excess": rep / best - 1 if np.isfinite(best) and best > 0 else (0.0 if rep == best else np.inf),
+                "best_values": {k: np.asarray(v).tolist() for k, v in g.values.items()},
+                "starts_at_best": int(g.starts_at_best),
+                "n_starts": int(g.starts),
+            }
+        )
+    return out

@@ -23,6 +23,8 @@ from ._model import (
     theta_phys,
 )
 from ._across import POOR_NOISE
+from ._fit_many import multistart_problems
+from ._problem_result import ProblemFit
 from ._result import FitStatus, InertiaFit
 from ._windows import (
     JOINT_MEDIAN,
@@ -381,13 +383,15 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
 
 
 def multistart_check(
-    fit: InertiaFit,
+    fit: InertiaFit | ProblemFit | list,
     *,
     starts: int = 100,
     seed: int = 12345,
     extra=(),
     max_steps: int = 300,
     progress: Callable | None = None,
+    problems=None,
+    spread: float = 1.0,
 ) -> list[dict]:
     """Search every fitted window of a per-window fit densely for a lower least-squares cost.
 
@@ -399,6 +403,17 @@ def multistart_check(
     same sub-steps as the fit. An independent check of the fit's search (another seed, far
     more starts), not part of it: what it reports should be the minimum.
 
+    ``fit`` may also be the layer's result: a :class:`~rigidjax.identify.ProblemFit` or a list
+    of them (from :func:`~rigidjax.identify.fit` / :func:`~rigidjax.identify.fit_many`) with
+    ``problems`` the :class:`~rigidjax.identify.Problem` s they fitted, in the same order. Each
+    problem is then fitted again from ``starts`` points (its given values and random ones,
+    ``spread`` around them in the transforms' coordinates, see ``fit``), every start to its
+    end (``max_steps``), at the sub-steps its fit ended with; one dict per fit with
+    ``name`` (``problems[i]``), ``reported_cost``, ``best_cost`` (``ProblemFit.cost``: 1/2
+    the weighted RSS), ``excess``, ``best_values`` (the best start's ``values``),
+    ``starts_at_best`` (relative 1e-6) and ``n_starts``.
+    ``extra`` applies to an :class:`InertiaFit` only, ``spread`` to the layer's fits only.
+
     Returns:
         A list, one dict per fitted window (empty where no window was fitted): ``name``,
         ``reported_cost`` and ``best_cost`` (1/2 RSS, rad^2/s^2),
@@ -406,6 +421,10 @@ def multistart_check(
         ``best_estimates`` (Ix/Iy, Iz/Iy of the best start), ``hits`` (starts within 0.5 % of
         the best) and ``n_starts``.
     """
+    if not isinstance(fit, InertiaFit):
+        return multistart_problems(
+            fit, problems, starts=starts, seed=seed, spread=spread, max_steps=max_steps, progress=progress
+        )
     spec = fit._model["spec"]
     segs = fit._data
     rows = fit.segments
