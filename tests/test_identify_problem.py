@@ -677,13 +677,10 @@ def test_step_check_keeps_refining_while_the_shift_itself_halves():
     _within(f.values["moments"], inertia, f.se["moments"], 2 + shift)
 
 
-def test_fit_many_equals_one_by_one_and_keeps_the_others():
-    """``fit_many``: three windows of one body (60, 50 and 45 samples, their own noise) fitted
-    in one program give each window's own ``fit`` (same seed, padded to one length: equal to
-    1e-9, the round-off of a differently batched evaluation); a window whose start cannot be
-    simulated gets ``nonfinite`` while the others keep their fits; problems of different
-    structures are refused, naming the part."""
-    rng = np.random.default_rng(11)
+def _noisy_windows(seed: int) -> list:
+    """Three windows of one body (60, 50 and 45 samples), each with its own gyroscope noise
+    (1e-3 rad/s), as ratio problems."""
+    rng = np.random.default_rng(seed)
     problems = []
     for n in (60, 50, 45):
         seg = _free_body_segment(n=n)
@@ -691,6 +688,16 @@ def test_fit_many_equals_one_by_one_and_keeps_the_others():
             t=seg.t, data={"omega": seg.data["omega"] + 1e-3 * rng.standard_normal((n, 3))}, state0=seg.state0
         )
         problems.append(_problem([noisy]))
+    return problems
+
+
+def test_fit_many_equals_one_by_one_and_keeps_the_others():
+    """``fit_many``: three windows of one body (60, 50 and 45 samples, their own noise) fitted
+    in one program give each window's own ``fit`` (same seed, padded to one length: equal to
+    1e-9, the round-off of a differently batched evaluation); a window whose start cannot be
+    simulated gets ``nonfinite`` while the others keep their fits; problems of different
+    structures are refused, naming the part."""
+    problems = _noisy_windows(11)
     # random starts too: each problem draws its own from the seed, as fit() does for it alone
     many = identify.fit_many(problems, starts=3)
     for p, f in zip(problems, many):
@@ -727,14 +734,7 @@ def test_keep_drops_starts_after_the_first_phase_and_finds_the_same_minimum():
     first-order optimality, by different paths), with fewer start-iterations (counted by
     ``progress``); ``starts_at_best`` counts among the kept starts and ``starts`` still says
     how many ran. A ``keep`` that is not an integer >= 1 is refused."""
-    rng = np.random.default_rng(12)
-    problems = []
-    for n in (60, 50, 45):
-        seg = _free_body_segment(n=n)
-        noisy = identify.MeasuredSegment(
-            t=seg.t, data={"omega": seg.data["omega"] + 1e-3 * rng.standard_normal((n, 3))}, state0=seg.state0
-        )
-        problems.append(_problem([noisy]))
+    problems = _noisy_windows(12)
     work = {}
     fits = {}
     for keep in (None, 2):
@@ -748,36 +748,29 @@ def test_keep_drops_starts_after_the_first_phase_and_finds_the_same_minimum():
         assert np.max(np.abs(dz)) < 1e-6, dz
         _within(kept.values["ratios"], INERTIA[1:] / INERTIA[0], kept.se["ratios"], 3)
     assert work[2] < work[None], work
-    for bad in (0, 1.5, "2"):
+    for bad in (0, 1.5, "2", True):
         with pytest.raises(ValueError, match="keep must be None or an integer >= 1"):
             identify.fit(problems[0], keep=bad)
 
 
 def test_multistart_check_of_layer_fits():
-    """``multistart_check`` on the layer's fits: a dense search (30 starts, another seed, a wider
-    spread, every start to its end) finds no lower cost than three converged ``fit_many``
+    """``multistart_check`` on the layer's fits: a search with 4x the starts (another seed, a
+    wider spread, every start to its end) finds no lower cost than three converged ``fit_many``
     windows report (excess below 1e-9: both at the first-order optimum), and finds the lower
     cost of a fit stopped after 2 iterations (excess above 1e-3). Fits without their problems
     are refused."""
-    rng = np.random.default_rng(13)
-    problems = []
-    for n in (60, 50, 45):
-        seg = _free_body_segment(n=n)
-        noisy = identify.MeasuredSegment(
-            t=seg.t, data={"omega": seg.data["omega"] + 1e-3 * rng.standard_normal((n, 3))}, state0=seg.state0
-        )
-        problems.append(_problem([noisy]))
+    problems = _noisy_windows(13)
     fits = identify.fit_many(problems, starts=3)
     assert all(f.status == identify.FitStatus.CONVERGED for f in fits), [f.message for f in fits]
-    check = identify.multistart_check(fits, problems=problems, starts=30)
+    check = identify.multistart_check(fits, problems=problems, starts=12)
     assert [c["name"] for c in check] == ["problems[0]", "problems[1]", "problems[2]"]
     for c, f in zip(check, fits):
-        assert c["n_starts"] == 30 and c["starts_at_best"] >= 1 and c["reported_cost"] == f.cost
+        assert c["n_starts"] == 12 and c["starts_at_best"] >= 1 and c["reported_cost"] == f.cost
         assert abs(c["excess"]) < 1e-9, c
         np.testing.assert_allclose(c["best_values"]["ratios"], f.values["ratios"], rtol=1e-6)
     early = identify.fit(problems[0], starts=1, max_steps=2, step_check="off")
     assert early.status == identify.FitStatus.MAX_STEPS
-    (c,) = identify.multistart_check(early, problems=problems[0], starts=30)
+    (c,) = identify.multistart_check(early, problems=problems[0], starts=12)
     assert c["excess"] > 1e-3, c
     with pytest.raises(ValueError, match="need their problems"):
         identify.multistart_check(fits, starts=5)

@@ -79,7 +79,7 @@ def fit_many(
     ``progress``: as :func:`~rigidjax.identify.fit`'s, ``progress(n_active)`` after every
     optimiser iteration, counting the starts of every problem still iterating. ``keep``: as
     :func:`~rigidjax.identify.fit`'s, per problem (the refits of suspects always keep
-    :data:`~rigidjax.identify._across.RESCUE_KEEP`).
+    ``_across.RESCUE_KEEP``, 4).
 
     With ``groups`` a result depends on the other windows (through the consensus and the
     medians); without it (``None``, the default) the problems are independent.

@@ -147,13 +147,13 @@ def _fit(
     starts per problem that continue after the first phase (see :func:`fit`)."""
     if progress is not None and not callable(progress):
         raise TypeError(f"{name}: progress must be a callable progress(n_active) or None; got {progress!r}")
-    if not isinstance(starts, (int, np.integer)) or starts < 1:
+    if isinstance(starts, bool) or not isinstance(starts, (int, np.integer)) or starts < 1:
         raise ValueError(f"{name}: starts must be an integer >= 1; got {starts!r}")
-    if keep is not None and not (isinstance(keep, (int, np.integer)) and keep >= 1):
+    if keep is not None and (isinstance(keep, bool) or not (isinstance(keep, (int, np.integer)) and keep >= 1)):
         raise ValueError(f"{name}: keep must be None or an integer >= 1; got {keep!r}")
     if not spread >= 0:
         raise ValueError(f"{name}: spread must be >= 0; got {spread!r}")
-    if not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
+    if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) or max_steps < 1:
         raise ValueError(f"{name}: max_steps must be an integer >= 1; got {max_steps!r}")
     if step_check not in ("refine", "report", "off"):
         raise ValueError(f"{name}: step_check must be 'refine', 'report' or 'off'; got {step_check!r}")
