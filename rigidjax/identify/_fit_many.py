@@ -349,7 +349,8 @@ def multistart_problems(fits, problems, *, starts: int, seed: int, spread: float
                 "name": f"problems[{i}]",
                 "reported_cost": rep,
                 "best_cost": best,
-                "excess": rep / best - 1 if np.isfinite(best) and best > 0 else (0.0 if rep == best else np.inf),
+                # nan where the search found no finite cost (nothing to compare with)
+                "excess": rep / best - 1 if np.isfinite(best) and best > 0 else (0.0 if rep == best == 0 else np.nan),
                 "best_values": {k: np.asarray(v).tolist() for k, v in g.values.items()},
                 "starts_at_best": int(g.starts_at_best),
                 "n_starts": int(g.starts),

@@ -75,8 +75,8 @@ def fit(
             ``keep`` lowest-cost ones continue (the others are dropped: ``starts_at_best``
             counts among the kept). On data with flat directions (a drag next to the
             inertia) starts that crawl along the valley would otherwise each run to
-            ``max_steps``; :func:`~rigidjax.identify.fit_inertia` keeps 1 of 4, as its own
-            engine did.
+            ``max_steps`` (:func:`~rigidjax.identify.fit_inertia` keeps the best 1 of its 4
+            starts after 12 iterations).
 
     Returns:
         :class:`ProblemFit`.

@@ -65,7 +65,11 @@ def _common_length(problems, pad_to: int | None) -> int:
 def _stack_many(problems, dtype, N: int):
     """``(stacked per problem, arrays)``: each problem's :class:`_Stacked` at length ``N``, and
     their :meth:`_Stacked.arrays` stacked along a new leading axis (one row per problem)."""
-    stacked = [_stack_segments(p, dtype, N) for p in problems]
+    once = {}  # a problem repeated (the step refinement fills every row with one) stacked once
+    for p in problems:
+        if id(p) not in once:
+            once[id(p)] = _stack_segments(p, dtype, N)
+    stacked = [once[id(p)] for p in problems]
     # stacked in NumPy, moved once per array: jnp.stack, jnp.repeat and even jnp.asarray bind
     # an operation that is compiled once per shape in every process (~0.7 s of a repeated
     # command's fit of a torque CSV)
