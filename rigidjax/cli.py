@@ -62,7 +62,8 @@ def _cmd_simulate(args) -> int:
     out = Path(args.out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        pd.DataFrame(cols).to_csv(out, index=False, float_format="%.10g")
+        with cli_fit.replacing(out) as tmp:  # no partial file under the name (Ctrl-C, a full disk)
+            pd.DataFrame(cols).to_csv(tmp, index=False, float_format="%.10g")
     except OSError as e:  # a full disk, a folder in the way, no permission
         return _fail(f"cannot write {out}: {e.strerror or e}")
     what = "tennis-racket flip" if (tuple(inertia), tuple(omega0)) == (RACQUET_INERTIA, RACQUET_OMEGA0) else "free spin"
@@ -78,7 +79,8 @@ def _cmd_simulate(args) -> int:
     print(f"  trajectory ({len(t)} rows) -> {out}")
     if args.json:
         try:
-            Path(args.json).write_text(json.dumps(summary, indent=2))
+            with cli_fit.replacing(args.json) as tmp:
+                tmp.write_text(json.dumps(summary, indent=2))
         except OSError as e:
             return _fail(f"cannot write {args.json}: {e.strerror or e}")
     if args.plot:
@@ -97,7 +99,8 @@ def _cmd_simulate(args) -> int:
         ax.set_title(f"{what} ({args.stepper} step, dt = {args.dt} s)")
         ax.legend()
         fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
+        with cli_fit.replacing(args.plot) as tmp:
+            fig.savefig(tmp, dpi=120)
         print(f"  plot -> {args.plot}")
     return 0
 
@@ -193,8 +196,14 @@ def main(argv=None) -> int:
         print(f"rigidjax {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line, not JAX's traceback; the shell's code for SIGINT
-        print(f"\nrigidjax {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted(f"rigidjax {args.command}")
+
+
+def _interrupted(cmd: str) -> int:
+    """Say that ``cmd`` was interrupted (on a line of its own after a terminal's progress line)
+    and return the shell's exit status for SIGINT."""
+    print(f"{chr(10) if sys.stderr.isatty() else ''}{cmd}: interrupted", file=sys.stderr)
+    return 130
 
 
 class _PipeSafe:
@@ -270,6 +279,8 @@ def run() -> None:
     sys.stdout, sys.stderr = out, err
     try:
         code = main()
+    except KeyboardInterrupt:  # before the command ran (parsing, the cache's set-up)
+        code = _interrupted("rigidjax")
     except SystemExit:  # --help, --version, usage errors
         if _output_failed(out, err):
             raise SystemExit(2) from None

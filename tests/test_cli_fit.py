@@ -9,6 +9,8 @@ import re
 import subprocess
 import sys
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -325,3 +327,35 @@ def test_ctrl_c_ends_with_one_line_and_status_130(tmp_path):
     err = "".join(seen) + rest
     assert p.returncode == 130, err
     assert "rigidjax fit: interrupted" in err and "Traceback" not in err, err
+
+
+def test_outputs_appear_only_when_complete(tmp_path):
+    """The command line writes every output (--json, --plot, simulate's CSV) into a temporary
+    file moved onto its name when complete: an interrupted write (Ctrl-C, a full disk) leaves
+    no partial file under the name, a file already there stays as it was, and no temporary
+    file is left behind."""
+    from rigidjax.cli_fit import replacing
+
+    out = tmp_path / "traj.csv"
+    with pytest.raises(KeyboardInterrupt):
+        with replacing(out) as tmp:
+            tmp.write_text("t,wx\n0,1\n")
+            raise KeyboardInterrupt
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    out.write_text("old")
+    with pytest.raises(OSError):
+        with replacing(out) as tmp:
+            tmp.write_text("half")
+            raise OSError("disk full")
+    assert out.read_text() == "old" and list(tmp_path.iterdir()) == [out]
+    with replacing(tmp_path / "plot.png") as tmp:
+        assert tmp.suffix == ".png"  # matplotlib reads the format from the suffix
+        tmp.write_bytes(b"png")
+    assert (tmp_path / "plot.png").read_bytes() == b"png" and len(list(tmp_path.iterdir())) == 2
+    assert main(["simulate", "--t-end", "0.05", "--out", str(tmp_path / "sim.csv")]) == 0
+    assert (tmp_path / "sim.csv").read_text().startswith("t,") and len(list(tmp_path.iterdir())) == 3
+    # a device is written in place, never replaced by a file
+    with replacing(os.devnull) as tmp:
+        assert str(tmp) == os.devnull
+        tmp.write_text("nothing")
+    assert not Path(os.devnull).is_file()

@@ -774,6 +774,8 @@ def test_multistart_check_of_layer_fits():
     assert c["excess"] > 1e-3, c
     with pytest.raises(ValueError, match="need their problems"):
         identify.multistart_check(fits, starts=5)
+    with pytest.raises(TypeError, match=r"fits\[1\] is a str"):
+        identify.multistart_check([fits[0], "x"], problems=problems[:2])
 
 
 def _windows_of_own_sigma_and_substeps():

@@ -40,6 +40,7 @@ from ._common import (
     load_paths,
     plain_csv,
     prepare_outputs,
+    replacing,
     write_output,
 )
 from .motion import is_motion_csv, run_motion
@@ -53,6 +54,7 @@ __all__ = [
     "enable_compilation_cache",
     "compilation_cache_dir",
     "Progress",
+    "replacing",
     "run",
     "run_pendulum",
 ]
@@ -467,13 +469,13 @@ def run(args) -> int:
                 "fit",
                 "--json",
                 args.json,
-                lambda: Path(args.json).write_text(json.dumps(out, indent=2, allow_nan=False)),
+                lambda tmp: tmp.write_text(json.dumps(out, indent=2, allow_nan=False)),
             )
             if code is not None:
                 return code
             print(f"wrote {args.json}")
         if args.plot:
-            code = write_output("fit", "--plot", args.plot, lambda: _plot(result, args.segment, args.plot))
+            code = write_output("fit", "--plot", args.plot, lambda tmp: _plot(result, args.segment, tmp))
             if code is not None:
                 return code
             print(f"wrote {args.plot} (window {args.segment})")

@@ -4,6 +4,7 @@ paths, and the checks of output paths."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -27,6 +28,7 @@ __all__ = [
     "plain_csv",
     "prepare_outputs",
     "write_output",
+    "replacing",
     "load_paths",
 ]
 
@@ -308,9 +310,36 @@ def prepare_outputs(cmd, args) -> int | None:
     return None
 
 
-def write_output(cmd, opt, path, write) -> int | None:
+@contextlib.contextmanager
+def replacing(path):
+    """A temporary path beside ``path`` (same folder and suffix: matplotlib reads the format
+    from it), moved onto ``path`` (``os.replace``, atomic) only when the block ends without an
+    exception: an interrupted (Ctrl-C) or failed write leaves no partial file under the final
+    name, and a file already there stays as it was. A path that is not a regular file (a
+    device such as ``/dev/null``, a pipe, a symbolic link) is written in place."""
+    path = Path(path)
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        # a device (/dev/null, /dev/stdout), a pipe or a link: written in place, never replaced
+        yield path
+        return
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.part{path.suffix}")
     try:
-        write()
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        try:
+            tmp.unlink()
+        except OSError:  # moved into place, or never written
+            pass
+
+
+def write_output(cmd, opt, path, write) -> int | None:
+    """``write(tmp)`` into a temporary path moved onto ``path`` when complete
+    (:func:`replacing`); an ``OSError`` is the message ``{opt} {path}: cannot write`` and exit
+    status 2 (returned), else ``None``."""
+    try:
+        with replacing(path) as tmp:
+            write(tmp)
     except OSError as e:
         return error(cmd, f"{opt} {path}: cannot write: {e.strerror or e}")
     return None

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..identify import FitError, exit_code, fit
 from ..identify.recipes import free_body_problem
 from ..io import DataError, csv_quantities, load_motion_csv
-from ._common import Progress
+from ._common import Progress, replacing
 
 __all__ = ["is_motion_csv", "run_motion"]
 
@@ -111,7 +111,8 @@ def run_motion(args, path) -> int:
     if args.json:
         try:
             doc = {"file": str(path), "data": kinds, **result.to_dict()}
-            Path(args.json).write_text(json.dumps(doc, indent=1, allow_nan=False))
+            with replacing(args.json) as tmp:
+                tmp.write_text(json.dumps(doc, indent=1, allow_nan=False))
         except OSError as e:
             return _error(f"--json {args.json}: cannot write: {e.strerror or e}")
     return exit_code(result.status)

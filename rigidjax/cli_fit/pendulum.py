@@ -6,7 +6,6 @@ import json
 import math
 import sys
 import time
-from pathlib import Path
 
 from ..identify import FitStatus, exit_code
 from ..identify._result import pm
@@ -177,7 +176,7 @@ def run_pendulum(args) -> int:
             "fit-pendulum",
             "--json",
             args.json,
-            lambda: Path(args.json).write_text(json.dumps(out, indent=2, allow_nan=False)),
+            lambda tmp: tmp.write_text(json.dumps(out, indent=2, allow_nan=False)),
         )
         if code is not None:
             return code
@@ -187,7 +186,7 @@ def run_pendulum(args) -> int:
             "fit-pendulum",
             "--plot",
             args.plot,
-            lambda: _plot_pendulum(segs[args.segment], fits[args.segment], args.plot),
+            lambda tmp: _plot_pendulum(segs[args.segment], fits[args.segment], tmp),
         )
         if code is not None:
             return code

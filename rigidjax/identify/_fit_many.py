@@ -329,10 +329,18 @@ def multistart_problems(fits, problems, *, starts: int, seed: int, spread: float
     again from ``starts`` points (its given values and random ones, ``spread`` around them,
     another ``seed`` than the fit's), every start to its end, at the sub-steps the fit ended
     with, no step check. Returns one dict per fit (see ``multistart_check``)."""
-    one = isinstance(fits, ProblemFit)
-    fits = [fits] if one else list(fits)
+    if isinstance(fits, ProblemFit):
+        fits = [fits]
+    elif not isinstance(fits, (list, tuple)):
+        raise TypeError(
+            "multistart_check: expected an InertiaFit, a ProblemFit or a list of ProblemFits; "
+            f"got {type(fits).__name__}"
+        )
     problems = [problems] if isinstance(problems, Problem) else list(problems or [])
-    if len(problems) != len(fits) or not all(isinstance(f, ProblemFit) for f in fits):
+    for i, f in enumerate(fits):
+        if not isinstance(f, ProblemFit):
+            raise TypeError(f"multistart_check: fits[{i}] is a {type(f).__name__}, not a ProblemFit")
+    if len(problems) != len(fits):
         raise ValueError(
             f"multistart_check: the layer's fits need their problems, one per fit (problems=...); got {len(fits)} "
             f"fit(s) and {len(problems)} problem(s)"
@@ -344,14 +352,20 @@ def multistart_problems(fits, problems, *, starts: int, seed: int, spread: float
     out = []
     for i, (f, g) in enumerate(zip(fits, found)):
         rep, best = float(f.cost), float(g.cost)
+        searched = g.status != FitStatus.NONFINITE and np.isfinite(best)
+        if not searched:  # no start could be evaluated: nothing to compare with
+            excess = np.nan
+        elif not np.isfinite(rep):  # the fit has no cost, the search found one
+            excess = np.inf
+        else:
+            excess = rep / best - 1 if best > 0 else (0.0 if rep == 0 else np.inf)
         out.append(
             {
                 "name": f"problems[{i}]",
                 "reported_cost": rep,
-                "best_cost": best,
-                # nan where the search found no finite cost (nothing to compare with)
-                "excess": rep / best - 1 if np.isfinite(best) and best > 0 else (0.0 if rep == best == 0 else np.nan),
-                "best_values": {k: np.asarray(v).tolist() for k, v in g.values.items()},
+                "best_cost": best if searched else np.nan,
+                "excess": excess,
+                "best_values": {k: np.asarray(v).tolist() for k, v in g.values.items()} if searched else None,
                 "starts_at_best": int(g.starts_at_best),
                 "n_starts": int(g.starts),
             }

@@ -410,16 +410,24 @@ def multistart_check(
     ``spread`` around them in the transforms' coordinates, see ``fit``), every start to its
     end (``max_steps``), at the sub-steps its fit ended with; one dict per fit with
     ``name`` (``problems[i]``), ``reported_cost``, ``best_cost`` (``ProblemFit.cost``: 1/2
-    the weighted RSS), ``excess``, ``best_values`` (the best start's ``values``),
-    ``starts_at_best`` (relative 1e-6) and ``n_starts``.
+    the weighted RSS), ``excess`` (``inf`` where the fit has no finite cost but the search
+    found one; ``nan``, with ``best_cost`` nan and ``best_values`` ``None``, where no start of
+    the search could be evaluated, e.g. the problem's given values fail), ``best_values``
+    (the best start's ``values``), ``starts_at_best`` (relative 1e-6) and ``n_starts``.
     ``extra`` applies to an :class:`InertiaFit` only, ``spread`` to the layer's fits only.
 
     Returns:
-        A list, one dict per fitted window (empty where no window was fitted): ``name``,
-        ``reported_cost`` and ``best_cost`` (1/2 RSS, rad^2/s^2),
+        For an :class:`InertiaFit`, one dict per fitted window (empty where no window was
+        fitted): ``name``, ``reported_cost`` and ``best_cost`` (1/2 RSS, rad^2/s^2),
         ``excess`` (``reported / best - 1``: > 0 where a start found a lower cost),
         ``best_estimates`` (Ix/Iy, Iz/Iy of the best start), ``hits`` (starts within 0.5 % of
-        the best) and ``n_starts``.
+        the best) and ``n_starts``. For the layer's fits, one dict per fit (above).
+
+    Raises:
+        TypeError: ``fit`` is none of these, or a list holding something else than
+            ``ProblemFit`` s (named by index).
+        ValueError: the layer's fits without one problem each; the problems' errors of
+            :func:`~rigidjax.identify.fit_many`.
     """
     if not isinstance(fit, InertiaFit):
         return multistart_problems(

@@ -500,7 +500,8 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
     elif push > _verdict.EDGE_PUSH:
         status, msg = (
             FitStatus.POOR_FIT,
-            f"the data ask for values beyond the valid set: the minimum sits on its edge ({'; '.join(held)}), "
+            # the edge itself: the message's "held at a bound" (rigidjax.identify._problem_fit)
+            "the data ask for values beyond the valid set: the minimum sits on its edge, "
             f"where a step without the bound would remove {100 * push:.0f} % of the residual sum of squares "
             "(a missing effect, wrong axes or units, or not this model)",
         )

@@ -383,8 +383,9 @@ class TensorRatios:
     r"""The full inertia tensor over ``I_yy`` (sensor axes): ``value = [Ix/Iy, Iz/Iy, Ixy/Iy,
     Ixz/Iy, Iyz/Iy]`` (shape ``(5,)``; ``Ixy`` the tensor's entry ``I[0, 1]``, as
     :func:`rigidjax.identify.fit_inertia` reports with ``tensor=True``) from 5 coordinates
-    ``(u, v, phi)``: the principal moments of :class:`MomentRatios`' box, ``(v + 1 - u, 1, u +
-    v)``, along the principal axes ``R = Exp(phi)``,
+    ``(u, v, phi)``: the principal moments of :class:`MomentRatios`' box, ``(I1, I2, I3) = (v
+    + 1 - u, 1, u + v)`` (the names a fit's message uses for the edges), along the principal
+    axes ``R = Exp(phi)``,
 
     .. math:: I = R\,\mathrm{diag}(v + 1 - u,\; 1,\; u + v)\,R^T / (\ldots)_{yy},
 
