@@ -591,6 +591,7 @@ def test_cli_motion_csv_errors(tmp_path, capsys):
     assert "look like ms" in err and "--time-unit ms" in err, err
 
 
+@pytest.mark.slow  # CI time (~40 s; the command line's layouts: test_cli_fits_the_columns_the_file_has)
 def test_cli_fits_simulate_output(tmp_path, capsys):
     """`rigidjax simulate --out` then `rigidjax fit` on it (gyro, quaternions and positions,
     noise-free). The data are the midpoint step's own trajectory at dt = 0.01 s (1e-8-level
@@ -853,6 +854,7 @@ def _one_body_windows(seed=3, n=100):
     return problems
 
 
+@pytest.mark.slow  # CI time (~25 s; also: test_rules_across_windows_judge_each_observation_in_its_unit)
 def test_windows_of_one_body_are_judged_against_each_other():
     """``fit_many(groups=...)``: judged against sigma alone, the shared model error (a turned
     gyroscope, 4-13 sigma) makes five of six free-flight windows ``poor_fit``; judged against
