@@ -98,6 +98,7 @@ def rollout(
     checkpoint_every: int | None = None,
     save_every: int | None = None,
     adjoint: str | None = None,
+    substeps=None,
 ) -> Trajectory:
     """Run ``step`` for ``n_steps`` with ``lax.scan``.
 
@@ -144,7 +145,16 @@ def rollout(
             times cheaper than autodiff on CPU (``benchmarks/README.md``), memory the
             trajectory itself. Reverse mode only (``jax.jvp``/``jacfwd`` raise, as for any
             ``jax.custom_vjp``); needs per-step or no ``loads`` (not a callable) and no
-            ``save_every``/``checkpoint_every``.
+            ``save_every``/``checkpoint_every``/``substeps``.
+        substeps: ``None`` (default) or ``k``: each entry of ``dt`` (each of the ``n_steps``
+            intervals, e.g. between two measured samples) is taken in ``k`` equal steps of
+            ``dt / k``, the interval's loads held over them (a callable ``loads`` is evaluated
+            before every step). ``states`` and ``info`` are per interval (``info`` reduced over
+            its steps as for ``save_every``). ``k``: a Python integer ``>= 1`` (any mode of
+            differentiation), or a traced integer scalar (one program for every count, e.g.
+            under ``jit`` or ``vmap``; forward mode only: JAX cannot reverse-differentiate a
+            loop whose length is traced). A traced ``k < 1`` gives ``Status.INVALID_INPUT``
+            for the interval and the state held from there on.
 
     Returns:
         :class:`Trajectory` with ``states`` (``n_steps + 1`` along the leading axis, or as
@@ -194,6 +204,7 @@ def rollout(
                 (callable(loads), "loads is a callable"),
                 (save_every not in (None, 1), "save_every is set"),
                 (checkpoint_every is not None, "checkpoint_every is set (the discrete adjoint needs no checkpoints)"),
+                (substeps is not None, "substeps is set"),
             )
             if bad
         ]
@@ -232,6 +243,9 @@ def rollout(
     t0 = getattr(state0, "time", None)
     comp0 = jnp.zeros_like(t0) if t0 is not None and jnp.issubdtype(jnp.result_type(t0), jnp.floating) else None
     carry0 = (packed.pack(state0) if packed is not None else state0, fail0, comp0)
+    k_sub = None if substeps is None else _substeps(substeps)
+    if k_sub is not None and n > 0:
+        body = _in_substeps(body, carry0, xs, k_sub, dt_arr)
     if adjoint == "discrete" and n > 0:
         states, info = packed.discrete_adjoint(body, model, carry0, dt_arr, xs_load, n)
     elif save_every is None or save_every == 1 or n == 0:
@@ -276,6 +290,50 @@ def _positive_int_or_none(k, name: str):
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ValueError(f"rollout: {name} must be None or an integer >= 1; got {k!r}")
     return int(k)
+
+
+def _substeps(k):
+    """``rollout``'s ``substeps``: a Python integer ``>= 1`` (returned as an int) or a traced
+    integer scalar; else ``ValueError``."""
+    if isinstance(k, (jax.Array, np.ndarray)) and not is_concrete(k):
+        if jnp.shape(k) != () or not jnp.issubdtype(jnp.result_type(k), jnp.integer):
+            got = f"shape {jnp.shape(k)}, dtype {jnp.result_type(k)}"
+            raise ValueError(f"rollout: a traced substeps must be an integer scalar; got {got}")
+        return k
+    integer = isinstance(k, (jax.Array, np.ndarray)) and jnp.issubdtype(jnp.result_type(k), jnp.integer)
+    if integer and jnp.shape(k) == ():
+        k = int(k)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ValueError(f"rollout: substeps must be None, an integer >= 1 or a traced integer scalar; got {k!r}")
+    return int(k)
+
+
+def _in_substeps(body, carry0, xs, k, dt_arr):
+    """The rollout's ``body`` over one interval in ``k`` equal steps (``rollout``'s
+    ``substeps``): ``lax.fori_loop`` (a scan for a Python ``k``, a while loop for a traced
+    one), info reduced over the steps by :func:`_merge_info`."""
+    x0 = jax.tree_util.tree_map(lambda a: a[0], xs)
+    info_shape = jax.eval_shape(body, carry0, (dt_arr if x0[0] is None else x0[0], x0[1]))[1][1]
+
+    def interval(carry, x):
+        dt_k, load_k = x
+        h = (dt_arr if dt_k is None else dt_k) / jnp.asarray(k, jnp.result_type(dt_arr))
+        acc0 = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), info_shape)
+
+        def one(_, c):
+            cc, acc = c
+            cc, (_, info) = body(cc, (h, load_k))
+            return cc, _merge_info(acc, info)
+
+        carry, acc = jax.lax.fori_loop(0, k, one, (carry, acc0))
+        if not isinstance(k, int):  # a traced count below 1 runs no step: the interval fails
+            bad = jnp.asarray(k) < 1
+            code = jnp.where(bad, int(Status.INVALID_INPUT), carry[1]).astype(jnp.int32)
+            carry = (carry[0], code, carry[2])
+            acc = eqx.tree_at(lambda i: i.status, acc, jnp.where(bad, code, acc.status).astype(jnp.int32))
+        return carry, (carry[0], acc)
+
+    return interval
 
 
 def _split(tree, lo, hi, shape):

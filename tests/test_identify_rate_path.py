@@ -253,29 +253,32 @@ def test_rate_step_is_the_midpoint_steps_rate(attitude):
     assert int(status) == int(info.status) == Status.SUCCESS
 
 
-@pytest.mark.slow  # ~40 s on 2 cores (six programs); test_substeps_per_segment keeps the counts-as-data rows fast
-def test_rate_rollout_takes_its_substeps_as_data():
-    """Where the rate is rolled out alone, the sub-steps are data: problems at 1, 2 and 4
-    sub-steps share one program key, and one call of that program with rows of each count
-    gives each count's whole-state rollout (its own program, the steps repeated in it) to
-    round-off (1e-12 relative, as above), statuses included. The whole state keeps one
-    program per count."""
+@pytest.mark.slow  # ~30 s on 2 cores; test_substeps_per_segment keeps the counts-as-data rows fast
+def test_substeps_are_data():
+    """The sub-steps are data, for the rate rolled out alone and for the whole state: problems
+    at 1, 2 and 4 sub-steps share one program key, and one call of the rate path's program
+    with rows of each count gives, row by row, the whole-state program's (also one call) to
+    round-off (1e-12 relative, as above), statuses included. That the whole state's
+    sub-steps are the steps of ``dt / k``: ``test_rollout.py``'s substeps tests."""
     ks = (1, 2, 4)
     fast = [dataclasses.replace(_problem(), substeps=k) for k in ks]
     slow = [dataclasses.replace(_problem(signals=_whole_state), substeps=k) for k in ks]
-    keys = [_program_key._structure(p, _Layout(p), jnp.float64) for p in fast]
-    assert keys[0] == keys[1] == keys[2] and keys[0][-1] is None
-    slow_keys = [_program_key._structure(p, _Layout(p), jnp.float64) for p in slow]
-    assert len({k[-1] for k in slow_keys}) == 3
+    for ps in (fast, slow):
+        keys = [_program_key._structure(p, _Layout(p), jnp.float64) for p in ps]
+        assert keys[0] == keys[1] == keys[2]
     X = _points(fast[0])
-    # rows: each point at each count, in one call of the one program
-    _, arrays = _program._stack_many(fast, jnp.float64, 40)
-    run = _program._program(fast[0], _Layout(fast[0]), jnp.float64)
-    which = np.repeat(np.arange(3), len(X))
-    r, s, J = (np.asarray(a) for a in run(arrays, jnp.asarray(np.tile(X, (3, 1))), jnp.asarray(which)))
-    for i, p in enumerate(slow):
-        r2, s2, J2 = _evaluate(p, X)
+
+    def one_call(ps):  # rows: each point at each count, in one call of the one program
+        _, arrays = _program._stack_many(ps, jnp.float64, 40)
+        run = _program._program(ps[0], _Layout(ps[0]), jnp.float64)
+        which = np.repeat(np.arange(3), len(X))
+        return which, [np.asarray(a) for a in run(arrays, jnp.asarray(np.tile(X, (3, 1))), jnp.asarray(which))]
+
+    which, (r, s, J) = one_call(fast)
+    _, (r_all, s_all, J_all) = one_call(slow)
+    for i in range(len(ks)):
         rows = which == i
+        r2, s2, J2 = r_all[rows], s_all[rows], J_all[rows]
         np.testing.assert_array_equal(s[rows], s2)
         np.testing.assert_allclose(r[rows], r2, rtol=1e-12, atol=1e-12 * np.abs(r2).max())
         np.testing.assert_allclose(J[rows], J2, rtol=1e-12, atol=1e-12 * np.abs(J2).max())
@@ -289,10 +292,10 @@ def test_rate_rollout_takes_its_substeps_as_data():
 
 
 def test_substeps_per_segment():
-    """Sub-steps per segment (where the rate is rolled out alone): each segment's residuals and
-    Jacobian rows equal those of the same problem at that segment's count (1e-12, as above);
-    the step check's doubling doubles each; a whole-state problem refuses them, and a bad
-    tuple is named."""
+    """Sub-steps per segment: each segment's residuals and Jacobian rows equal those of the
+    same problem at that segment's count (1e-12, as above); the step check's doubling doubles
+    each; a whole-state problem takes them too (its fit equals the rate path's); a bad tuple
+    is named."""
     p = dataclasses.replace(_problem(), substeps=(1, 4))
     assert p.substeps == (1, 4) and dataclasses.replace(_problem(), substeps=[3, 3]).substeps == 3
     X = _points(p)
@@ -306,10 +309,9 @@ def test_substeps_per_segment():
     assert np.all(s == Status.SUCCESS)
     fit = identify.fit(p, starts=1, step_check="report")
     assert fit.substeps == (1, 4) and fit.to_dict()["substeps"] == [1, 4]
-    with pytest.raises(ValueError, match="substeps per segment .* whole state"):
-        identify.fit(dataclasses.replace(_problem(signals=_whole_state), substeps=(1, 2)))
-    with pytest.raises(ValueError, match=r"fit_many: problems\[1\]: Problem: substeps per segment"):
-        identify.fit_many([p, dataclasses.replace(_problem(signals=_whole_state), substeps=(1, 2))])
+    whole = identify.fit(dataclasses.replace(p, signals=_whole_state), starts=1, step_check="report")
+    assert whole.substeps == (1, 4) and whole.status == fit.status
+    np.testing.assert_allclose(whole.values["moments"], fit.values["moments"], rtol=1e-9)
     assert dataclasses.replace(_problem(), substeps=np.array([1, 4])).substeps == (1, 4)
     for bad in ((1,), (1, 0), (1, 2.0), (True, 2)):
         with pytest.raises(ValueError, match="one per segment"):
@@ -317,8 +319,8 @@ def test_substeps_per_segment():
 
 
 def test_fit_many_refuses_before_fitting(monkeypatch):
-    """``fit_many``'s problems share one structure, sub-steps aside, also where the rate path and
-    the whole state fall into programs of their own: a problem with another observation, or
+    """``fit_many``'s problems share one structure (the sub-steps are data): a problem with
+    another observation, or
     a start its transform refuses, is named before anything is fitted (with and without
     ``groups``); a 0-d array of sub-steps is that count."""
     from rigidjax.identify import _fit_many
@@ -339,19 +341,19 @@ def test_fit_many_refuses_before_fitting(monkeypatch):
 
 def test_known_inputs_are_part_of_the_program_key():
     """Whether a program rolls out the rate alone depends on the known inputs (a wrench array
-    or not), so their structure is part of the program's key: a problem without inputs and
-    one with a (n - 1, 6) wrench never share a program or its remembered rollout path
-    (a cached path once leaked between such problems: the whole state ran where the rate
-    alone was due)."""
+    or not), so their structure is part of the program's key: a problem without inputs, one
+    with a (n - 1, 6) wrench and one with a list holding it never share a program (a cached
+    path once leaked between such problems: the whole state ran where the rate alone was
+    due)."""
     with_u = _problem()
     without = dataclasses.replace(with_u, segments=[dataclasses.replace(s, inputs=None) for s in with_u.segments])
-    k1, k2 = (_program_key._structure(p, _Layout(p), jnp.float64) for p in (with_u, without))
-    assert k1 != k2 and k1[:8] == k2[:8] and k1[-1] is None and k2[-1] is None
     listed = dataclasses.replace(
         with_u, segments=[dataclasses.replace(s, inputs=[np.asarray(s.inputs)]) for s in with_u.segments]
     )
-    k3 = _program_key._structure(listed, _Layout(listed), jnp.float64)
-    assert k3[:-1] != k1[:-1] and k3[-1] == listed.substeps  # a list of wrenches: the whole state
+    k1, k2, k3 = (_program_key._structure(p, _Layout(p), jnp.float64) for p in (with_u, without, listed))
+    assert k1 != k2 and k1[:8] == k2[:8] and k3 != k1 and k3 != k2
+    assert _traced_rate_step(with_u) is not None and _traced_rate_step(without) is not None
+    assert _traced_rate_step(listed) is None  # a list of wrenches: the whole state
 
 
 INERTIA, DRAG = np.array([1.0, 2.0, 2.8]), np.array([0.05, 0.03, 0.08])

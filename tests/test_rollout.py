@@ -260,3 +260,101 @@ def test_time_does_not_drift():
     for name, (step, m, s0) in runs.items():
         t = float(jax.jit(lambda m, s0, step=step: rj.rollout(step, m, s0, dt, n, save_every=n).states.time[-1])(m, s0))
         assert abs(t - exact) <= 4 * np.spacing(exact), (name, t, exact)
+
+
+def _sub_case():
+    body = rj.RigidBody(1.5, jnp.diag(jnp.array([1.0, 2.0, 2.8])), gravity=jnp.array([0.0, 0.0, -9.81]))
+    state = rj.RigidBodyState(angular_velocity=jnp.array([0.4, 2.5, -0.6]), velocity=jnp.array([0.1, 0.0, 1.0]))
+    dts = jnp.array([0.01, 0.02, 0.015, 0.01, 0.03])
+    loads = jnp.asarray(np.random.default_rng(1).normal(size=(5, 6)))
+    return body, state, dts, loads
+
+
+def _every(traj, k):
+    """The states at every k-th step and info reduced over each k steps (the definition of
+    rollout's substeps, from the plain rollout of ``dt / k``)."""
+    states = jax.tree_util.tree_map(lambda a: a[::k], traj.states)
+    status = np.asarray(traj.info.status).reshape(-1, k).max(axis=1)
+    return states, status
+
+
+@pytest.mark.parametrize("stepper", [rj.Midpoint(attitude="midpoint"), rj.euler_parameters.GeneralizedAlphaEP()])
+@pytest.mark.parametrize("k", [1, 3])
+def test_substeps_are_the_steps_of_dt_over_k(stepper, k):
+    """``substeps=k`` (a Python int, and traced under jit) gives the plain rollout of the
+    per-step ``dt / k`` (loads repeated) at every k-th state, to round-off (the same steps:
+    1e-14 relative); statuses per interval; its time is the sum of the intervals."""
+    body, state, dts, loads = _sub_case()
+    if isinstance(stepper, rj.euler_parameters.GeneralizedAlphaEP):
+        body = rj.euler_parameters.EPModel(body)  # the packed (structure-of-arrays) form
+        state = rj.euler_parameters.initial_state(body, angular_velocity=jnp.array([[0.4, 2.5, -0.6]]))
+        loads = None
+    fine = rj.rollout(
+        stepper, body, state, jnp.repeat(dts / k, k), 5 * k, None if loads is None else jnp.repeat(loads, k, axis=0)
+    )
+    ref, ref_status = _every(fine, k)
+    run = lambda kk: rj.rollout(stepper, body, state, dts, 5, loads, substeps=kk)  # noqa: E731
+    for traj in (run(k), jax.jit(run)(jnp.int32(k))):
+        for a, b in zip(jax.tree_util.tree_leaves(traj.states), jax.tree_util.tree_leaves(ref)):
+            np.testing.assert_allclose(a, b, rtol=1e-14, atol=1e-14)
+        np.testing.assert_array_equal(traj.info.status, ref_status)
+        assert traj.info.status.shape == (5,)
+
+
+def test_substeps_callable_loads_and_rotation_limit():
+    """A callable ``loads`` is evaluated before every sub-step (as the plain rollout of ``dt / k``
+    does); a sub-step above ``max_rotation`` makes its interval's status ``ROTATION_LIMIT``."""
+    body, state, dts, _ = _sub_case()
+    loads = lambda t, s: jnp.array([0.0, 0.0, 0.0, jnp.sin(40 * t), 0.3, -0.2])  # noqa: E731
+    fine = rj.rollout(rj.Midpoint(), body, state, jnp.repeat(dts / 4, 4), 20, loads)
+    traj = rj.rollout(rj.Midpoint(), body, state, dts, 5, loads, substeps=4)
+    np.testing.assert_allclose(traj.states.angular_velocity, fine.states.angular_velocity[::4], rtol=1e-14)
+    tight = rj.Midpoint(max_rotation=0.016)  # |omega| dt / 4: ~0.0195 in the 0.03 s interval, <= 0.013 elsewhere
+    status = rj.rollout(tight, body, state, dts, 5, substeps=4).info.status
+    assert np.asarray(status).tolist() == [0, 0, 0, 0, int(rj.Status.ROTATION_LIMIT)], status
+
+
+def test_substeps_derivatives():
+    """Reverse mode through a Python-int ``substeps`` and forward mode through a traced one equal
+    the plain rollout's of ``dt / k`` (1e-12 relative: the same operations), and central
+    differences (1e-6: step 1e-5, error O(h^2) x the third derivative)."""
+    body, state, dts, loads = _sub_case()
+
+    def end(I, k=3, **kw):
+        b = eqx.tree_at(lambda m: m.inertia, body, I)
+        return rj.rollout(rj.Midpoint(), b, state, dts, 5, loads, **kw).states.angular_velocity[-1] @ jnp.array(
+            [1.0, -2.0, 0.5]
+        )
+
+    def plain(I):
+        b = eqx.tree_at(lambda m: m.inertia, body, I)
+        traj = rj.rollout(rj.Midpoint(), b, state, jnp.repeat(dts / 3, 3), 15, jnp.repeat(loads, 3, axis=0))
+        return traj.states.angular_velocity[-1] @ jnp.array([1.0, -2.0, 0.5])
+
+    I0, dI = body.inertia, jnp.diag(jnp.array([0.3, -0.2, 0.1])) + 0.05
+    g = jax.grad(lambda I: end(I, substeps=3))(I0)
+    np.testing.assert_allclose(g, jax.grad(plain)(I0), rtol=1e-12, atol=1e-14)
+    tangent = jax.jit(lambda I, k: jax.jvp(lambda J: end(J, substeps=k), (I,), (dI,))[1])(I0, jnp.int32(3))
+    np.testing.assert_allclose(tangent, jnp.sum(g * dI), rtol=1e-12)
+    h = 1e-5
+    fd = (end(I0 + h * dI, substeps=3) - end(I0 - h * dI, substeps=3)) / (2 * h)
+    np.testing.assert_allclose(tangent, fd, rtol=1e-6)
+
+
+def test_substeps_bad_values():
+    """A Python count below 1, a float, a bool, a string or a traced float is refused; a traced
+    count below 1 runs no step and gives ``INVALID_INPUT`` with the state held; the discrete
+    adjoint does not take substeps; no steps at all is the initial state."""
+    body, state, dts, _ = _sub_case()
+    for bad in (0, -1, 1.5, True, "2", np.array([1, 2])):
+        with pytest.raises(ValueError, match="substeps"):
+            rj.rollout(rj.Midpoint(), body, state, dts, 5, substeps=bad)
+    with pytest.raises(ValueError, match="integer scalar"):
+        jax.jit(lambda k: rj.rollout(rj.Midpoint(), body, state, dts, 5, substeps=k))(1.0)
+    held = jax.jit(lambda k: rj.rollout(rj.Midpoint(), body, state, dts, 5, substeps=k))(jnp.int32(0))
+    assert np.all(np.asarray(held.info.status) == rj.Status.INVALID_INPUT)
+    np.testing.assert_array_equal(held.states.angular_velocity, np.tile(state.angular_velocity, (6, 1)))
+    with pytest.raises(ValueError, match="substeps is set"):
+        rj.rollout(rj.Midpoint(), body, state, dts, 5, substeps=2, adjoint="discrete")
+    empty = rj.rollout(rj.Midpoint(), body, state, dts[:0], 0, substeps=2)
+    assert empty.states.angular_velocity.shape == (1, 3)

@@ -17,8 +17,7 @@ from .. import so3
 from . import _across
 from ._lm import one_blas_thread
 from . import observations as obs
-from ._problem_fit import _check_same_structure, _check_substeps, _fit, _model_mask, _spread_scale, in_dtype
-from ._program_key import _steps_part
+from ._problem_fit import _check_same_structure, _fit, _model_mask, _spread_scale, in_dtype
 from ._problem_result import ProblemFit
 from ._result import FitStatus
 from .problem import Problem, _Layout
@@ -50,9 +49,9 @@ def fit_many(
     (but their ``sigma``: it enters as data, for rigidjax's observation classes), initial
     state, signal map and the number of segments; their data, start values, ``sigma``,
     ``substeps`` and segment lengths may differ (every segment is padded to the longest, or
-    ``pad_to``). Where the observations read only the body rate, the sub-steps enter the
-    program as data and every problem shares it; otherwise one program per sub-step count
-    (each padded to its own longest segment). Each problem draws its
+    ``pad_to``). The sub-steps enter the program as data: one program serves every problem
+    (the problems run ordered by sub-steps, as a call's rows take as long as their most
+    sub-steps). Each problem draws its
     random starts from a generator of its own seeded with ``seed``, so the result of problem
     ``i`` does not depend on the other problems: it equals ``fit(problems[i], ...)`` with the
     same ``seed`` and padded length, to round-off.
@@ -116,62 +115,53 @@ def fit_many(
 def _many(
     problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step_check, progress=None, keep=None
 ) -> list[ProblemFit]:
-    """:func:`fit_many`: the fits (one program per family, see :func:`fit_many`); for windows of one body
+    """:func:`fit_many`: the fits (one program, see :func:`fit_many`); for windows of one body
     (``groups``) the refit of suspect windows from the others' consensus and the poor-fit
     rule across windows (:mod:`rigidjax.identify._across`)."""
     W = len(problems)
     one_body = groups is not None
 
-    # the problems' layouts and structure first (one structure, sub-steps aside): a refused
+    # the problems' layouts and structure first (one structure): a refused
     # problem is named before anything is fitted
     typed = in_dtype(problems, dtype)
     layouts = [_layout(p) for p in typed]
     for i, lay in enumerate(layouts):
         if isinstance(lay, ValueError):
             raise ValueError(f"fit_many: problems[{i}]: {lay}")
-    _check_substeps(typed, layouts, dtype, "fit_many")
-    _check_same_structure(typed, layouts, dtype, "fit_many", substeps=False)
-    # one program per family: problems whose rate is rolled out alone take their sub-steps as
-    # data (one family); the others one per sub-step count
-    family = [_steps_part(p, lay, dtype) for p, lay in zip(typed, layouts)]
-    refit_of = {}  # family -> (the part's windows, its refit through the part's program)
-    options = (spread, seed, max_steps, dtype, pad_to, step_check)
-
-    def fit_parts(ws, n_starts):
-        res = {}
-        for k in dict.fromkeys(family[w] for w in ws):
-            # ordered by sub-steps: a call's rows run the most sub-steps among them
-            idx = sorted((w for w in ws if family[w] == k), key=lambda w: np.max(problems[w].substeps))
-            part = [typed[w] for w in idx]
-            hook = []
-            try:
-                fits = _fit(
-                    part,
-                    n_starts,
-                    *options,
-                    False,
-                    "fit_many",
-                    not one_body,
-                    refits=hook,
-                    laid_out=(part, [layouts[w] for w in idx]),
-                    progress=progress,
-                    keep=keep,
-                )
-            except ValueError as e:  # name the problems by their place in the call
-                msg = str(e)
-                if len(idx) == 1 and not msg.startswith("fit_many:"):  # a part of one problem: unnamed
-                    msg = f"fit_many: problems[0]: {msg}"
-                raise ValueError(_renumbered(msg, idx)) from None
-            refit_of[k] = (idx, hook[0])
-            res.update(zip(idx, fits))
-        return res
-
+    _check_same_structure(typed, layouts, dtype, "fit_many")
+    # one program for all (the sub-steps are data), the problems ordered by sub-steps: a
+    # call's rows run the most sub-steps among them
+    idx = sorted(range(W), key=lambda w: np.max(problems[w].substeps))
+    part = [typed[w] for w in idx]
+    hook = []
+    try:
+        fits = _fit(
+            part,
+            starts,
+            spread,
+            seed,
+            max_steps,
+            dtype,
+            pad_to,
+            step_check,
+            False,
+            "fit_many",
+            not one_body,
+            refits=hook,
+            laid_out=(part, [layouts[w] for w in idx]),
+            progress=progress,
+            keep=keep,
+        )
+    except ValueError as e:  # name the problems by their place in the call
+        msg = str(e)
+        if W == 1 and not msg.startswith("fit_many:"):  # one problem: unnamed
+            msg = f"fit_many: problems[0]: {msg}"
+        raise ValueError(_renumbered(msg, idx)) from None
+    out = [None] * W
+    for w, f in zip(idx, fits):
+        out[w] = f
     if not one_body:
-        found = fit_parts(range(W), starts)
-        return [found[w] for w in range(W)]
-
-    found = fit_parts(range(W), starts)
-    out = [found[w] for w in range(W)]
+        return out
     signal = np.array([_signals(p) for p in problems])  # (W, observations), data units
     q = np.array([_residuals(f) for f in out])
     conv = np.array([f.status in _JUDGED for f in out])
@@ -182,11 +172,10 @@ def _many(
     if bad.size:
         given = _consensus_starts(out, layouts, groups, bad, good, seed, spread)
         refit = {}
-        for idx, run_refit in refit_of.values():
-            local = [j for j, w in enumerate(idx) if int(w) in given]
-            if local:
-                found = run_refit(local, {j: given[idx[j]] for j in local})
-                refit.update({idx[j]: f for j, f in found.items()})
+        local = [j for j, w in enumerate(idx) if int(w) in given]
+        if local:
+            found = hook[0](local, {j: given[idx[j]] for j in local})
+            refit.update({idx[j]: f for j, f in found.items()})
         for w, f in refit.items():
             old = out[w]
             if _better(f, old):

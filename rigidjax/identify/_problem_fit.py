@@ -20,7 +20,7 @@ from ._lm import one_blas_thread
 from . import observations as obs
 from ._problem_result import ProblemFit, flat_values, held_at_bounds, result, value_names
 from ._program import _common_length, _evaluator, call_rows, per_segment
-from ._program_key import _steps_part, _structure, _uncoupled
+from ._program_key import _structure, _uncoupled
 from ._result import FitStatus
 from ._step_error import finer_caller, refine_steps
 from ._stored import warn_at_caller
@@ -114,7 +114,6 @@ _STRUCTURE_PARTS = (
     "segment count",
     "evaluation dtype",
     "program kind",
-    "substeps",
 )
 
 
@@ -174,7 +173,6 @@ def _fit(
                 layouts.append(_Layout(p))
             except ValueError as e:  # bad start values or bounds: an input error, named per problem
                 raise ValueError(f"{name}: problems[{i}]: {e}" if len(problems) > 1 else str(e)) from None
-        _check_substeps(problems, layouts, dtype, name)
         _check_same_structure(problems, layouts, dtype, name)
     else:  # checked by the caller (fit_many)
         problems, layouts = laid_out
@@ -225,13 +223,10 @@ def _fit(
     at_best_eval = run(st["x"][rows], np.arange(W))
 
     # the step check's residuals at twice the steps, at every problem's optimum in one call
-    # (and of a refit's problems, through the same program; where the rate is rolled out
-    # alone, the fit's Jacobian program in calls of the fit's rows)
+    # (and of a refit's problems), through the fit's own program in calls of the fit's rows
     finer_at = finer_caller(problems, layout, dtype, N, call_rows(W, starts)) if step_check != "off" else None
     # the sub-steps as data: a refinement's refits and checks through this program (its shapes)
-    shared = (
-        (W, call_rows(W, starts)) if step_check != "off" and _steps_part(problems[0], layout, dtype) is None else None
-    )
+    shared = (W, call_rows(W, starts)) if step_check != "off" else None
     finer = finer_at(st["x"][rows], np.arange(W)) if finer_at is not None else None
 
     def finish(w, st_, row, at_best, n_starts, one, first=False):
@@ -387,20 +382,10 @@ def in_dtype(problems, dtype) -> list:
     return [dataclasses.replace(p, model=jax.tree_util.tree_map(cast, p.model)) for p in problems]
 
 
-def _check_substeps(problems, layouts, dtype, name) -> None:
-    """Each problem's sub-steps suit its program (per-segment counts need the rate alone:
-    :func:`~rigidjax.identify._program_key._steps_key`); else ``ValueError`` naming it."""
-    for i, (p, lay) in enumerate(zip(problems, layouts)):
-        try:
-            _steps_part(p, lay, dtype)
-        except ValueError as e:
-            raise ValueError(f"{name}: problems[{i}]: {e}" if len(problems) > 1 else str(e)) from None
-
-
-def _check_same_structure(problems, layouts, dtype, name, substeps: bool = True) -> None:
-    """Every problem has the first one's compiled-program structure (:func:`_structure`; its
-    sub-steps too unless ``substeps`` is False), the same data widths and the same shapes of
-    state and inputs; else ``ValueError`` naming the problem and the part."""
+def _check_same_structure(problems, layouts, dtype, name) -> None:
+    """Every problem has the first one's compiled-program structure (:func:`_structure`), the
+    same data widths and the same shapes of state and inputs; else ``ValueError`` naming the
+    problem and the part."""
     if len(problems) == 1:
         return
     key0 = _structure(problems[0], layouts[0], dtype)
@@ -422,7 +407,7 @@ def _check_same_structure(problems, layouts, dtype, name, substeps: bool = True)
     shapes0 = shapes(problems[0])
     for i, (p, lay) in enumerate(zip(problems[1:], layouts[1:]), 1):
         key = _structure(p, lay, dtype)
-        if (key if substeps else key and key[:-1]) != (key0 if substeps else key0[:-1]):
+        if key != key0:
             part = next((what for what, a, b in zip(_STRUCTURE_PARTS, key0, key or ()) if a != b), "structure")
             raise ValueError(f"{name}: problems[{i}] differs from problems[0] in its {part}; fit it separately")
         if shapes(p) != shapes0:

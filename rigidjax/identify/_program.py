@@ -171,13 +171,11 @@ def _residual_fn(problem, layout):
     Where the observations read only the body rate and the stepper can advance it alone
     (:func:`_rate_step`), only the rate is rolled out (free-body gyroscope problems: measured
     at ~2x faster residuals and Jacobians than rolling out the whole state)."""
-    k, nz, ng, S = problem.substeps, layout.nz, layout.n_global, layout.S
-    sub = lambda a: jnp.repeat(a, k, axis=0)  # noqa: E731 (per sample interval -> per step)
+    nz, ng, S = layout.nz, layout.n_global, layout.S
     uncoupled = _uncoupled(problem, layout)
 
     def residuals(arrays, x):
         t, dt, data, weights, state0, inputs, steps, ks = arrays
-        n_steps = dt.shape[1] * k
         model = layout.model(x)
         _, sensor = layout.values(x)
         Z = x[ng:].reshape(S, nz)
@@ -187,16 +185,15 @@ def _residual_fn(problem, layout):
 
         def one(z, s0, ts, dts, u, d, w, real, ki):
             st0 = problem.initial.build(model, z, s0)
-            if rate is None:  # k (the key's) steps per sample interval
-                traj = rollout(problem.stepper, model, st0, sub(dts) / k, n_steps, jax.tree_util.tree_map(sub, u))
+            if rate is None:  # the whole state, ki sub-steps per sample interval (data)
+                traj = rollout(problem.stepper, model, st0, dts, dts.shape[0], u, substeps=ki)
                 sig, step_status = problem.signals(model, traj.states), traj.info.status
-                every, real = k, sub(real)
-            else:  # per sample already (ki sub-steps per interval, data)
+            else:
                 omega, step_status = _rate_rollout(rate, st0.angular_velocity, dts, u, ki)
-                sig, every = {"angular_velocity": omega}, 1
+                sig = {"angular_velocity": omega}
             rs = []
             for o, p, wi in zip(observations, sensor, w):
-                pred = sig[o.signal][::every]
+                pred = sig[o.signal]
                 # zero where the weight is: a padded sample's prediction may be anything
                 rs.append(jnp.where(wi[:, None] > 0, o.residual(pred, ts, d[o.key], p) * wi[:, None], 0.0))
             # the first failure of the rollout's real steps (SUCCESS = 0 where none)
@@ -220,9 +217,8 @@ def _program(problem, layout, dtype, jacobian: bool | str = True):
     is not finite), jitted: row ``i`` evaluates the problem whose data are row ``which[i]``
     of ``arrays`` (:func:`_stack_many`). Shared by every problem of the same structure (model
     values, stepper, parameters with the shapes of their start values, observations, initial
-    state, signals, substeps unless the rate is rolled out alone (:func:`_steps_key`), segment
-    count: equal or the same objects), whose data enter as
-    arguments: one compilation per structure, padded length, problem count and row count.
+    state, signals, segment count: equal or the same objects), whose data (the sub-steps
+    too) enter as arguments: one compilation per structure, padded length, problem count and row count.
     The start values enter the program only through their shapes (a transform's ``like``).
     Its outputs are replicated on every device (see :func:`_devices`)."""
     key = _structure(problem, layout, dtype, jacobian)

@@ -1,8 +1,8 @@
 """The key of an identification problem's compiled program (:func:`rigidjax.identify._program._program`):
 the parts that make two problems share one program, in memory (:func:`_structure`) and on disk
 (:func:`_stable_key`, a description that holds across processes), and which rollout the
-program runs (:func:`_rate_step`: the body rate alone, its sub-steps data; else the whole
-state, one program per sub-step count)."""
+program runs (:func:`_rate_step`: the body rate alone where that suffices, else the whole
+state; either way the sub-steps are data, not part of the key)."""
 
 from __future__ import annotations
 
@@ -164,8 +164,8 @@ def _keyed_model(problem):
 def _structure(problem, layout, dtype, jacobian: bool = True):
     """The key of ``problem``'s compiled program (see :func:`_program`): its parts by what
     they compute (:func:`_freeze`; the model without its fitted leaves' values,
-    :func:`_keyed_model`) and its sub-steps where they are not data (:func:`_steps_key`);
-    ``None`` where a part is unhashable."""
+    :func:`_keyed_model`; not the sub-steps, which are data); ``None`` where a part is
+    unhashable."""
     leaves, treedef = jax.tree_util.tree_flatten(_keyed_model(problem))
     key = (
         treedef,
@@ -185,45 +185,7 @@ def _structure(problem, layout, dtype, jacobian: bool = True):
         hash(key)
     except TypeError:  # an unhashable part: a program for this problem alone
         return None
-    return key + (_steps_key(problem, layout, key),)
-
-
-def _steps_part(problem, layout, dtype):
-    """:func:`_steps_key` of ``problem`` (remembered by its structure where it has one)."""
-    key = _structure(problem, layout, dtype)
-    return key[-1] if key is not None else _steps_key(problem, layout)
-
-
-#: Per program key without its sub-steps (:func:`_structure`): whether the rate is rolled out
-#: alone (:func:`_steps_key`), so that deciding it traces the model once per structure.
-_RATE_ALONE: dict = {}
-
-
-def _steps_key(problem, layout, base=None):
-    """The sub-steps' part of a program's key: ``None`` where the program rolls out the body
-    rate alone (:func:`_rate_step` on the model as the program sees it, fitted leaves traced),
-    whose sub-steps are data (one program for every count: windows that need different
-    steps, and the step check's doubled steps, share it); else ``problem.substeps`` (the
-    whole state's rollout has ``(N - 1) k`` steps). ``base``: the rest of the key, to
-    remember the answer by (hashable), or ``None``."""
-    rate = _RATE_ALONE.get(base) if base is not None else None
-    if rate is None:
-        found = []
-        start = jnp.asarray(layout.start())
-        uncoupled = _uncoupled(problem, layout)
-        jax.eval_shape(lambda x: found.append(_rate_step(problem, layout.model(x), uncoupled) is not None), start)
-        rate = found[0]
-        if base is not None:
-            if len(_RATE_ALONE) >= 256:
-                _RATE_ALONE.clear()
-            _RATE_ALONE[base] = rate
-    if not rate and isinstance(problem.substeps, tuple):
-        raise ValueError(
-            f"Problem: substeps per segment {problem.substeps} need a program that rolls out the body rate alone "
-            "(every observation reading angular_velocity, a stepper with rate_step, a model whose rate evolves "
-            "alone); this one rolls out the whole state, one step count for all segments"
-        )
-    return None if rate else problem.substeps
+    return key
 
 
 class _Unstable(Exception):
@@ -319,7 +281,6 @@ def _stable_key(problem, layout, dtype, jacobian):
                 problem.stepper,
                 problem.signals,
                 _inputs_kind(problem),
-                _steps_part(problem, layout, dtype),
                 layout.S,
                 jnp.dtype(dtype).name,
                 jacobian,

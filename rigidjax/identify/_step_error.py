@@ -38,7 +38,6 @@ from ..info import Status
 from . import _lm
 from ._problem_result import flat_values_of, result
 from ._program import CHUNK_ROWS, _caller, _chunked, _evaluator, _program, _stack_many, doubled
-from ._program_key import _steps_part
 from ._result import FitStatus
 
 #: A step-error shift of any fitted value above this many standard errors makes :func:`fit`
@@ -84,15 +83,12 @@ def finer_caller(problems, layout, dtype, N, rows: int | None = None):
     program over all of ``problems``' data in calls of ``rows`` rows (default: the problems,
     at most :data:`CHUNK_ROWS`): the first check of :func:`refine_steps` of a fit's
     problems, batched (one call per window: ~6 ms each), and later checks of single problems
-    of that fit (a refit) without a program compiled for them alone. Where the rate is rolled
-    out alone (sub-steps are data, :func:`~rigidjax.identify._program_key._steps_key`) the
-    fit's own Jacobian program serves (``rows``: the fit's), so that the check compiles
-    nothing (the 69 racquet flips: ~1.5 s of tracing and compilation); else a program of
-    residuals alone at the doubled steps."""
+    of that fit (a refit) without a program compiled for them alone. The sub-steps are data,
+    so the fit's own Jacobian program serves (``rows``: the fit's) and the check compiles
+    nothing (the 69 racquet flips: ~1.5 s of tracing and compilation saved)."""
     finer = [dataclasses.replace(p, substeps=doubled(p.substeps)) for p in problems]
     _, arrays = _stack_many(finer, dtype, N)
-    rate_alone = _steps_part(finer[0], layout, dtype) is None
-    call = _caller(_program(finer[0], layout, dtype, jacobian=rate_alone), arrays, dtype)
+    call = _caller(_program(finer[0], layout, dtype), arrays, dtype)
     rows = min(len(problems), CHUNK_ROWS) if rows is None else rows
 
     def at(X, which):
@@ -140,9 +136,8 @@ def refine_steps(
     the multi-start search was done). Returns ``(out, x, g)`` of the last fit, with
     ``substeps`` and ``step_shift``. ``finer``: the residuals at twice the steps at ``x`` where
     already evaluated (:func:`finer_caller`). ``progress``: the fit's (after every iteration).
-    ``shape``: ``(problems, rows per call)`` of the fit's program where it takes the sub-steps
-    as data (:func:`~rigidjax.identify._program_key._steps_key`): the refits and checks at
-    other steps then run through that program with this problem in every row of its data (the
+    ``shape``: ``(problems, rows per call)`` of the fit's program (the sub-steps are data):
+    the refits and checks at other steps then run through that program with this problem in every row of its data (the
     same shapes: no trace or compilation; a 32-row call per iteration, ~7 ms for the racquet
     windows, instead of a program traced and compiled for one problem, 1.5-5 s); ``None``: a
     program for this problem alone."""

@@ -249,10 +249,10 @@ class Problem:
         initial: the initial-state unknowns (:func:`FreeBodyInitial` by default).
         signals: ``signals(model, states) -> {name: (N, k)}``: what the observations read of
             a trajectory (:func:`~rigidjax.identify.observations.rigid_body_signals` default).
-        substeps: steps per sample interval (an integer >= 1), or one per segment (a tuple)
-            where the program rolls out the body rate alone (every observation a gyroscope's,
-            on a stepper with ``rate_step``: e.g. windows that need different steps in one
-            joint fit); a tuple of equal counts is that count.
+        substeps: steps per sample interval (an integer >= 1), or one per segment (a tuple:
+            e.g. windows that need different steps in one joint fit); a tuple of equal counts
+            is that count. Data of the compiled program: problems that differ only here share
+            one.
     """
 
     model: Any
