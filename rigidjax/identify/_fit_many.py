@@ -135,15 +135,11 @@ def _many(
     part = [typed[w] for w in idx]
     hook = []
     try:
+        options = (spread, seed, max_steps, dtype, pad_to, step_check)
         fits = _fit(
             part,
             starts,
-            spread,
-            seed,
-            max_steps,
-            dtype,
-            pad_to,
-            step_check,
+            *options,
             False,
             "fit_many",
             not one_body,
