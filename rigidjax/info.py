@@ -34,7 +34,7 @@ class Status(enum.IntEnum):
     SINGULAR = 3  #: the step's linear system is singular (e.g. mass matrix not definite)
     ROTATION_LIMIT = 4  #: |omega| dt above the stepper's ``max_rotation`` (state advanced; accuracy lost)
     #: an input checked only at run time (traced under jit) is out of range: dt <= 0, mass <= 0,
-    #: inertia not positive definite or violating the triangle inequality
+    #: inertia not positive definite or violating the triangle inequality, a rollout's substeps < 1
     INVALID_INPUT = 5
 
     @property
@@ -52,7 +52,7 @@ _MESSAGES = {
     ),
     Status.INVALID_INPUT: (
         "an input traced under jit is out of range (dt <= 0, mass <= 0, "
-        "or an inertia not positive definite or violating the triangle inequality)"
+        "an inertia not positive definite or violating the triangle inequality, or a rollout's substeps < 1)"
     ),
 }
 

@@ -146,15 +146,19 @@ def rollout(
             trajectory itself. Reverse mode only (``jax.jvp``/``jacfwd`` raise, as for any
             ``jax.custom_vjp``); needs per-step or no ``loads`` (not a callable) and no
             ``save_every``/``checkpoint_every``/``substeps``.
-        substeps: ``None`` (default) or ``k``: each entry of ``dt`` (each of the ``n_steps``
-            intervals, e.g. between two measured samples) is taken in ``k`` equal steps of
-            ``dt / k``, the interval's loads held over them (a callable ``loads`` is evaluated
-            before every step). ``states`` and ``info`` are per interval (``info`` reduced over
-            its steps as for ``save_every``). ``k``: a Python integer ``>= 1`` (any mode of
+        substeps: ``None`` (default) or a count ``m``: each entry of ``dt`` (each of the
+            ``n_steps`` intervals, e.g. between two measured samples) is taken in ``m`` equal
+            steps of ``dt / m``, the interval's loads held over them (a callable ``loads`` is
+            evaluated before every step). ``states`` and ``info`` are per interval (``info``
+            reduced over its steps as for ``save_every``; ``save_every`` and
+            ``checkpoint_every`` then count intervals). ``m``: an integer ``>= 1`` known
+            outside any trace (Python or NumPy/JAX integer scalar: any mode of
             differentiation), or a traced integer scalar (one program for every count, e.g.
-            under ``jit`` or ``vmap``; forward mode only: JAX cannot reverse-differentiate a
-            loop whose length is traced). A traced ``k < 1`` gives ``Status.INVALID_INPUT``
-            for the interval and the state held from there on.
+            under ``jit``; forward mode only: JAX cannot reverse-differentiate a loop of traced
+            length, so pass the count as a static argument for ``jax.grad`` under ``jit``).
+            Under ``vmap`` over counts every member runs the largest count's loop, its own
+            steps alone advancing it. A traced ``m < 1`` runs no step: every interval gets
+            ``Status.INVALID_INPUT`` and the state is held.
 
     Returns:
         :class:`Trajectory` with ``states`` (``n_steps + 1`` along the leading axis, or as
@@ -173,7 +177,8 @@ def rollout(
 
     Raises:
         ValueError: ``dt <= 0``, NaN ``dt``, inconsistent ``n_steps``/``dt``/``loads`` lengths,
-            ``checkpoint_every`` or ``save_every`` not a positive integer; ``adjoint`` not
+            ``checkpoint_every`` or ``save_every`` not a positive integer, ``substeps`` not an
+            integer scalar ``>= 1`` (traced: not an integer scalar); ``adjoint`` not
             ``None``/``"discrete"`` or ``"discrete"`` with an unsupported step or option.
     """
     dt_arr, n = check_dt(dt, n_steps, state0)
