@@ -121,12 +121,16 @@ def failure_mask(status: jax.Array, allow_rotation_limit: bool = False) -> jax.A
     return jnp.isin(status, jnp.asarray([int(c) for c in codes], jnp.int32))
 
 
-def check(info: StepInfo, *, allow_rotation_limit: bool = False) -> StepInfo:
+def check(info: StepInfo, *, allow_rotation_limit: bool = False, leading: str = "step") -> StepInfo:
     """Raise :class:`StepFailure` if any step / ensemble member did not succeed.
 
     ``info`` may hold one step or a whole rollout (leading time axis, then ensemble axes).
     Outside ``jit`` the message names the first bad step, the ensemble member, the status
     and the rotation per step; inside ``jit`` an ``equinox.error_if`` raises at run time.
+    ``leading``: what an entry of the leading axis is, for the message: ``"step"``, or a
+    noun and its detail in brackets (a rollout with ``save_every`` or ``substeps``:
+    ``"sample interval (4 steps each)"``, whose ``info`` holds the largest rotation and
+    iteration count of its steps).
 
     Returns ``info`` unchanged (so it can be chained).
     """
@@ -139,11 +143,12 @@ def check(info: StepInfo, *, allow_rotation_limit: bool = False) -> StepInfo:
             code = Status(int(status[idx]))
             rot = float(np.asarray(info.rotation)[idx])
             n_bad = int(bad.sum())
-            where = f"index {idx} (leading axis = step for rollouts, then ensemble member)"
+            where = f"index {idx} (leading axis = {leading} for rollouts, then ensemble member)"
+            per = "" if leading == "step" else "largest per step "
             raise StepFailure(
                 f"rigidjax: {code.name} at {where}: {code.message}. "
-                f"|omega|*dt there = {rot:.3g} rad, iterations = {int(np.asarray(info.iterations)[idx])}. "
-                f"{n_bad} step(s) affected in total."
+                f"{per}|omega|*dt there = {rot:.3g} rad, {per}iterations = {int(np.asarray(info.iterations)[idx])}. "
+                f"{n_bad} {leading.split(' (')[0]}(s) affected in total."
             )
         return info
     bad = failure_mask(info.status, allow_rotation_limit)

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from .identify import FitStatus, InertiaFit
+from .io import replacing
 
 __all__ = [
     "ESTIMATE_NAMES",
@@ -417,10 +418,12 @@ def report_html(
 
 def write_report(result: InertiaFit, out_dir, **kw) -> Path:
     """Write :func:`report_html` to ``out_dir/index.html`` (the folder is created); returns
-    its path. Keywords as :func:`report_html`. Raises :class:`ReportError` or ``OSError``."""
+    its path, written whole or not at all (:func:`rigidjax.io.replacing`). Keywords as
+    :func:`report_html`. Raises :class:`ReportError` or ``OSError``."""
     text = report_html(result, **kw)
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
     p = d / "index.html"
-    p.write_text(text, encoding="utf-8")
+    with replacing(p) as tmp:  # an interrupted write leaves no partial index.html
+        tmp.write_text(text, encoding="utf-8")
     return p

@@ -692,6 +692,28 @@ def _noisy_windows(seed: int) -> list:
     return problems
 
 
+def test_too_few_values_are_unidentifiable_before_any_fit():
+    """A problem whose data cannot give a standard error (fewer than 2 measured values per
+    unknown, counting every data column) is ``unidentifiable`` at once, not fitted (0
+    iterations), alone or among others that fit; one more sample and it is fitted."""
+    problems = _noisy_windows(13)
+    seg = problems[0].segments[0]
+
+    def cut(n):
+        return _problem(
+            [identify.MeasuredSegment(t=seg.t[:n], data={"omega": seg.data["omega"][:n]}, state0=seg.state0)]
+        )
+
+    said = "too few measured values (at most 9) for 5 unknowns (need >= 10)"  # 2 ratios + omega0
+    f = identify.fit(cut(3))
+    assert f.status == identify.FitStatus.UNIDENTIFIABLE and f.iterations == 0 and said in f.message, f.message
+    assert not np.isfinite(f.se["ratios"]).any()
+    many = identify.fit_many([problems[1], cut(3), problems[2]], step_check="off")
+    assert many[1].status == identify.FitStatus.UNIDENTIFIABLE and said in many[1].message
+    assert many[0].status == many[2].status == identify.FitStatus.CONVERGED, (many[0].message, many[2].message)
+    assert identify.fit(cut(4), step_check="off").iterations > 0  # 12 values: fitted
+
+
 def test_fit_many_equals_one_by_one_and_keeps_the_others():
     """``fit_many``: three windows of one body (60, 50 and 45 samples, their own noise) fitted
     in one program give each window's own ``fit`` (same seed, padded to one length: equal to
@@ -733,8 +755,8 @@ def test_keep_drops_starts_after_the_first_phase_and_finds_the_same_minimum():
     lowest continue. On three noisy windows (8 starts each) keeping 2 reaches the minimum that
     every start run to its end reaches (values to 1e-6 standard errors: both converged to
     first-order optimality, by different paths), with fewer start-iterations (counted by
-    ``progress``); ``starts_at_best`` counts among the kept starts and ``starts`` still says
-    how many ran. A ``keep`` that is not an integer >= 1 is refused."""
+    ``progress``); ``starts_at_best`` counts among the ``kept`` starts (the summary line
+    says so) and ``starts`` still says how many ran. A ``keep`` that is not an integer >= 1 is refused."""
     problems = _noisy_windows(12)
     work = {}
     fits = {}
@@ -745,6 +767,9 @@ def test_keep_drops_starts_after_the_first_phase_and_finds_the_same_minimum():
     for every, kept in zip(fits[None], fits[2]):
         assert every.status == kept.status == identify.FitStatus.CONVERGED, (every.message, kept.message)
         assert kept.starts == every.starts == 8 and 1 <= kept.starts_at_best <= 2, kept.starts_at_best
+        assert kept.kept == 2 and every.kept is None and kept.to_dict()["kept"] == 2
+        assert f"{kept.starts_at_best}/2 kept starts at the best cost (8 started)" in str(kept)
+        assert f"{every.starts_at_best}/8 starts at the best cost" in str(every)
         dz = (np.asarray(kept.values["ratios"]) - every.values["ratios"]) / every.se["ratios"]
         assert np.max(np.abs(dz)) < 1e-6, dz
         _within(kept.values["ratios"], INERTIA[1:] / INERTIA[0], kept.se["ratios"], 3)

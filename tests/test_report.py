@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from rigidjax.identify._combine import median_se_stat
 from rigidjax.identify import FitStatus, InertiaFit
 from rigidjax.identify._model import Spec
 from rigidjax.identify._principal import combined_covariance
-from rigidjax.report import report_html
+from rigidjax.report import report_html, write_report
 from rigidjax.report import ReportError, parse_reference
 
 REFS = ["Ix/Iy=13.5+-4", "Iz/Iy=14.9+-3"]
@@ -238,6 +239,26 @@ def test_report_draws_the_worst_windows_first():
     p = _Collect()
     p.feed(text)
     assert len(p.figures) == 5 and "left out" not in text
+
+
+def test_write_report_is_whole_or_absent(tmp_path, monkeypatch):
+    """write_report writes index.html whole or not at all: a write interrupted part-way (a
+    full disk, Ctrl-C) leaves the previous report as it was and no temporary file."""
+    res = _per_window_result(n=2, bad=())
+    out = write_report(res, tmp_path / "rep", max_windows=0)
+    before = out.read_bytes()
+    assert before.rstrip().endswith(b"</html>")
+
+    def broken(self, text, encoding=None):
+        with open(self, "w", encoding=encoding) as f:
+            f.write(text[:100])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Path, "write_text", broken)
+    with pytest.raises(KeyboardInterrupt):
+        write_report(res, tmp_path / "rep", max_windows=0)
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == ["index.html"]
 
 
 class _Collect(html.parser.HTMLParser):

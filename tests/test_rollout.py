@@ -303,7 +303,8 @@ def test_substeps_are_the_steps_of_dt_over_k(stepper, k):
 
 def test_substeps_callable_loads_and_rotation_limit():
     """A callable ``loads`` is evaluated before every sub-step (as the plain rollout of ``dt / k``
-    does); a sub-step above ``max_rotation`` makes its interval's status ``ROTATION_LIMIT``."""
+    does); a sub-step above ``max_rotation`` makes its interval's status ``ROTATION_LIMIT``,
+    and a checked rollout's error names that interval."""
     body, state, dts, _ = _sub_case()
     loads = lambda t, s: jnp.array([0.0, 0.0, 0.0, jnp.sin(40 * t), 0.3, -0.2])  # noqa: E731
     fine = rj.rollout(rj.Midpoint(), body, state, jnp.repeat(dts / 4, 4), 20, loads)
@@ -312,6 +313,13 @@ def test_substeps_callable_loads_and_rotation_limit():
     tight = rj.Midpoint(max_rotation=0.016)  # |omega| dt / 4: ~0.0195 in the 0.03 s interval, <= 0.013 elsewhere
     status = rj.rollout(tight, body, state, dts, 5, substeps=4).info.status
     assert np.asarray(status).tolist() == [0, 0, 0, 0, int(rj.Status.ROTATION_LIMIT)], status
+    # a checked rollout names the interval and the largest rotation of its sub-steps
+    with pytest.raises(
+        rj.StepFailure,
+        match=r"index \(4,\) \(leading axis = sample interval \(4 steps each\).*"
+        r"largest per step \|omega\|\*dt there = 0.0\d+ rad.* 1 sample interval\(s\) affected",
+    ):
+        rj.rollout(tight, body, state, dts, 5, substeps=4, checked=True)
 
 
 def test_substeps_derivatives():
@@ -358,3 +366,20 @@ def test_substeps_bad_values():
         rj.rollout(rj.Midpoint(), body, state, dts, 5, substeps=2, adjoint="discrete")
     empty = rj.rollout(rj.Midpoint(), body, state, dts[:0], 0, substeps=2)
     assert empty.states.angular_velocity.shape == (1, 3)
+
+
+def test_status_carries_start_batched():
+    """The rollout's status carries start from ``numerics.zeros_like_batch``: exact zeros
+    (also from NaN and inf), no derivative, and batched under ``vmap`` with the state, so that
+    JAX's loop batching rules need no extra fixpoint round (``out_axes=None`` refuses a
+    batched output: that is the check)."""
+    from rigidjax.numerics import zeros_like_batch
+
+    x = jnp.array([[1.5, np.nan, 2.0], [np.inf, -np.inf, 0.0]])
+    for dtype in (jnp.int32, x.dtype):
+        z = jax.vmap(lambda r: zeros_like_batch({"a": r, "b": None}, (2,), dtype))(x)
+        assert z.dtype == dtype and z.shape == (2, 2) and np.all(np.asarray(z) == 0)
+    assert float(jax.grad(lambda r: zeros_like_batch(r, (), r.dtype) + 0.0)(x[0]).sum()) == 0.0
+    with pytest.raises(ValueError, match="out_axes"):
+        jax.vmap(lambda r: zeros_like_batch(r), out_axes=None)(x)
+    jax.vmap(lambda r: jnp.zeros((), jnp.int32), out_axes=None)(x)  # what jnp.zeros gives: unbatched

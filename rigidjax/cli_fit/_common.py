@@ -4,7 +4,6 @@ paths, and the checks of output paths."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import threading
@@ -13,7 +12,7 @@ import warnings
 from pathlib import Path
 
 from ..identify import keep_programs
-from ..io import LENGTH_UNITS, RATE_UNITS, TIME_UNITS, WINDOWS, describe_windows, has_ros_bags, load
+from ..io import LENGTH_UNITS, RATE_UNITS, TIME_UNITS, WINDOWS, describe_windows, has_ros_bags, load, replacing
 
 __all__ = [
     "NO_CACHE_ENV",
@@ -308,29 +307,6 @@ def prepare_outputs(cmd, args) -> int | None:
         if not os.access(p if p.exists() else p.parent, os.W_OK):
             return error(cmd, f"{opt} {out}: not writable")
     return None
-
-
-@contextlib.contextmanager
-def replacing(path):
-    """A temporary path beside ``path`` (same folder and suffix: matplotlib reads the format
-    from it), moved onto ``path`` (``os.replace``, atomic) only when the block ends without an
-    exception: an interrupted (Ctrl-C) or failed write leaves no partial file under the final
-    name, and a file already there stays as it was. A path that is not a regular file (a
-    device such as ``/dev/null``, a pipe, a symbolic link) is written in place."""
-    path = Path(path)
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        # a device (/dev/null, /dev/stdout), a pipe or a link: written in place, never replaced
-        yield path
-        return
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.part{path.suffix}")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        try:
-            tmp.unlink()
-        except OSError:  # moved into place, or never written
-            pass
 
 
 def write_output(cmd, opt, path, write) -> int | None:

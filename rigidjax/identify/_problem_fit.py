@@ -19,7 +19,7 @@ from . import _across, _lm
 from ._lm import one_blas_thread
 from . import observations as obs
 from ._problem_result import ProblemFit, flat_values, held_at_bounds, result, value_names
-from ._program import _common_length, _evaluator, call_rows, per_segment
+from ._program import _common_length, _evaluator, _stack_segments, call_rows, per_segment
 from ._program_key import _structure, _uncoupled
 from ._result import FitStatus
 from ._step_error import finer_caller, refine_steps
@@ -73,7 +73,7 @@ def fit(
             ``max_steps``). An integer: every start runs the first
             :data:`~rigidjax.identify._across.RESCUE_FIRST_STEPS` iterations, then only the
             ``keep`` lowest-cost ones continue (the others are dropped: ``starts_at_best``
-            counts among the kept). On data with flat directions (a drag next to the
+            counts among the kept, ``ProblemFit.kept`` of them). On data with flat directions (a drag next to the
             inertia) starts that crawl along the valley would otherwise each run to
             ``max_steps`` (:func:`~rigidjax.identify.fit_inertia` keeps the best 1 of its 4
             starts after 12 iterations).
@@ -179,6 +179,25 @@ def _fit(
     layout = layouts[0]
     _check_signals(problems[0], layout, dtype)
     N = _common_length(problems, pad_to)
+    # too few measured values for a standard error (result's rule: m >= 2 P) even counting every
+    # data column (a quaternion's 4 for its 3 residuals): unidentifiable before any compilation
+    few = {}
+    for w, p in enumerate(problems):
+        st_w = _stack_segments(p, dtype, N)
+        m = int(sum(np.sum(wo > 0) * st_w.data[o.key].shape[-1] for o, wo in zip(p.observations, st_w.weights)))
+        if m < 2 * layouts[w].P:
+            few[w] = (
+                f"too few measured values (at most {m}) for {layouts[w].P} unknowns (need >= {2 * layouts[w].P}): "
+                "not fitted"
+            )
+    if len(few) == len(problems):
+        if refits is not None:
+            refits.append(lambda ws, given: {})  # nothing to refit
+        x0 = [lay.start() for lay in layouts]
+        return [
+            _failed(p, lay, x, starts, few[w], dtype, FitStatus.UNIDENTIFIABLE)
+            for w, (p, lay, x) in enumerate(zip(problems, layouts, x0))
+        ]
     stacked, run, evaluate, run_one = _evaluator(problems, layout, dtype, N, starts)
     W = len(problems)
 
@@ -229,7 +248,7 @@ def _fit(
     shared = (W, call_rows(W, starts)) if step_check != "off" else None
     finer = finer_at(st["x"][rows], np.arange(W)) if finer_at is not None else None
 
-    def finish(w, st_, row, at_best, n_starts, one, first=False):
+    def finish(w, st_, row, at_best, n_starts, n_kept, one, first=False):
         """The result of problem ``w`` at row ``row`` of the optimiser's state ``st_``
         (``first``: the fit's own optimum, whose residuals at twice the steps are ``finer``)."""
         problem, lay = problems[w], layouts[w]
@@ -261,10 +280,13 @@ def _fit(
         held = held_at_bounds(lay, x, g)
         if held:
             res = dataclasses.replace(res, message=f"{res.message}; held at a bound: {', '.join(held)}")
-        return res
+        return dataclasses.replace(res, kept=n_kept if n_kept < n_starts else None)
 
     out = []
     for w, (problem, lay) in enumerate(zip(problems, layouts)):
+        if w in few:
+            out.append(_failed(problem, lay, x0[w], starts, few[w], dtype, FitStatus.UNIDENTIFIABLE))
+            continue
         if w not in failed and not np.any(np.isfinite(cost[w])):
             failed[w] = "no start could be evaluated (NaN or a failed step at every start)"
             if raise_on_failure:
@@ -275,7 +297,7 @@ def _fit(
         b, row = int(best[w]), int(rows[w])
         at_best = int(np.sum(cost[w] <= cost[w, b] * (1 + 1e-6) + 1e-300))
         one = _remembered(run_one(w), st["x"][row], tuple(a[w : w + 1] for a in at_best_eval))
-        out.append(finish(w, st, row, at_best, starts, one, first=True))
+        out.append(finish(w, st, row, at_best, starts, kept, one, first=True))
 
     def refit(ws, given) -> dict:
         n = len(given[ws[0]])
@@ -303,7 +325,7 @@ def _fit(
             b = int(np.argmin(c2[j]))
             if np.isfinite(c2[j, b]):
                 at_best = int(np.sum(c2[j] <= c2[j, b] * (1 + 1e-6) + 1e-300))
-                found[w] = finish(w, r, j * keep + b, at_best, n, run_one(w))
+                found[w] = finish(w, r, j * keep + b, at_best, n, keep, run_one(w))
         return found
 
     if refits is not None:
@@ -342,8 +364,9 @@ def _remembered(run, x, value):
     return f
 
 
-def _failed(problem, layout, x0, starts, message, dtype) -> ProblemFit:
-    """The ``nonfinite`` result of a problem that could not be fitted: the start values with
+def _failed(problem, layout, x0, starts, message, dtype, status=FitStatus.NONFINITE) -> ProblemFit:
+    """The result of a problem that could not be fitted (``status``: ``nonfinite``, or
+    ``unidentifiable`` where its data cannot give a standard error): the start values with
     infinite errors (:func:`~rigidjax.identify.fit_many` keeps the other problems' fits)."""
     xj = jnp.asarray(x0, dtype)
     mv, sv = layout.values(xj)
@@ -352,7 +375,7 @@ def _failed(problem, layout, x0, starts, message, dtype) -> ProblemFit:
     sensor = [{k: np.asarray(v) for k, v in d.items()} for d in sv]
     n = int(np.size(np.asarray(flat_values(layout, xj))))
     return ProblemFit(
-        status=FitStatus.NONFINITE,
+        status=status,
         message=message,
         values=values,
         se=inf(values),

@@ -39,7 +39,9 @@ class ProblemFit:
         names: the flattened values' names.
         block: the sandwich's block length (samples).
         iterations: optimiser iterations of the best start; ``starts``: starts run;
-            ``starts_at_best``: starts that reached the best cost (relative 1e-6).
+            ``starts_at_best``: starts that reached the best cost (relative 1e-6), counted
+            among the ``kept`` starts that ran past the first phase (``fit``'s ``keep``;
+            ``None``: every start ran to its end).
         decrement: the first-order optimality measure at the optimum (``_lm.decrement``).
         x: the unknown vector at the optimum.
         se_classical: ``{name: standard error}`` of the model values from the classical
@@ -72,6 +74,7 @@ class ProblemFit:
     se_classical: dict = dataclasses.field(default_factory=dict)
     substeps: int | tuple = 1
     step_shift: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    kept: int | None = None
 
     def to_dict(self) -> dict:
         """JSON-ready: status, message, values and standard errors (the reported and the
@@ -103,6 +106,7 @@ class ProblemFit:
             "iterations": int(self.iterations),
             "starts": int(self.starts),
             "starts_at_best": int(self.starts_at_best),
+            "kept": None if self.kept is None else int(self.kept),
             "decrement": clean(self.decrement),
             "substeps": list(self.substeps) if isinstance(self.substeps, tuple) else int(self.substeps),
             "step_shift": clean(self.step_shift),
@@ -118,7 +122,12 @@ class ProblemFit:
                 lines += _rows(f"sensor {i} {name}", v, ses[name])
         lines.append(
             f"cost {self.cost:.6g}; rms per observation {[float(f'{r:.4g}') for r in self.rms]}; "
-            f"{self.starts_at_best}/{self.starts} starts at the best cost; {self.iterations} iterations"
+            + (
+                f"{self.starts_at_best}/{self.starts} starts at the best cost"
+                if self.kept is None
+                else f"{self.starts_at_best}/{self.kept} kept starts at the best cost ({self.starts} started)"
+            )
+            + f"; {self.iterations} iterations"
         )
         if np.size(self.step_shift) and np.all(np.isfinite(self.step_shift)):
             k = int(np.argmax(self.step_shift))

@@ -15,6 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..info import FAILURES, Status
 from ..rollout import rollout
+from ..numerics import zeros_like_batch
 from ._program_key import _rate_step, _sigma_as_data, _stable_key, _structure, _uncoupled, _unit_sigma
 from ._stored import stored
 from .observations import data_of, reads
@@ -155,12 +156,10 @@ def _rate_rollout(rate, omega0, dts, inputs, k):
         w, fail = carry
         h, u = xs
         tau = None if u is None else u[3:]
-        w1, fail, worst, _, _ = jax.lax.fori_loop(
-            0, k, sub, (w, fail, jnp.zeros((), jnp.int32), h / k.astype(h.dtype), tau)
-        )
+        w1, fail, worst, _, _ = jax.lax.fori_loop(0, k, sub, (w, fail, zeros_like_batch(w), h / k.astype(h.dtype), tau))
         return (w1, fail), (w1, worst)
 
-    _, (ws, status) = jax.lax.scan(body, (omega0, jnp.zeros((), jnp.int32)), (dts, inputs))
+    _, (ws, status) = jax.lax.scan(body, (omega0, zeros_like_batch(omega0)), (dts, inputs))
     return jnp.concatenate([omega0[None], ws]), status
 
 

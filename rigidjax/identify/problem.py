@@ -39,7 +39,10 @@ message names the coordinates held there). What the result's ``status`` means:
   equations are singular or such a value is known only to more than twice that limit
   (:func:`rigidjax.identify._verdict.flat`, fit_inertia's rule): the descent heads for a
   minimum the data do not determine; or an inertia whose transform declares ``degenerate``
-  ending at, or heading for, a rod-like body (a principal moment 1e4 times another);
+  ending at, or heading for, a rod-like body (a principal moment 1e4 times another); or
+  fewer than two measured values per unknown (no standard error means anything), which is
+  found before any compilation and not fitted (0 iterations) where even every data column
+  (a quaternion's four) falls short;
 * ``nonfinite``: a rollout step failed (a Newton solve, NaN) at the best point;
 * ``max_steps`` / ``stalled``: the optimiser's cap came first / no step lowered the cost;
 * ``poor_fit``: an optimum whose residuals are over 5 times the stated ``sigma`` (wrong units,
@@ -51,7 +54,8 @@ message names the coordinates held there). What the result's ``status`` means:
   standard errors after the step-error check below (raise ``Problem.substeps``).
 
 ``starts_at_best`` counts the starts that reached the best cost (relative 1e-6): one start
-out of many reaching it is a warning that the landscape has several basins.
+out of many reaching it is a warning that the landscape has several basins. With ``keep``
+it counts among the ``kept`` starts that ran past the first phase.
 
 Step error. The fitted model is the discrete one, ``substeps`` steps per sample interval.
 At the optimum, :mod:`rigidjax.identify._step_error` estimates how far the stepper's own

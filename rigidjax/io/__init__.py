@@ -27,13 +27,16 @@ or a median time step of 1 s or more is refused with a :class:`DataError` naming
 unit (deg/s, ms, ...) and the flag that fixes it. Malformed input raises :class:`DataError` (a
 ``ValueError``) naming the file (``archive.zip/inner/file.csv`` inside zips), the line (1-based,
 the header is line 1) and the column.
+
+Writing: :func:`replacing` gives a temporary path that becomes the file only when complete (the
+command line's outputs and :func:`rigidjax.report.write_report` use it).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ._base import DataError, Motion, Segment, walk_folder
+from ._base import DataError, Motion, Segment, replacing, walk_folder
 from .detect import DETECTED, WINDOWS, Flight, cut_flights, describe_windows, detect_flights
 from .phyphox import PHYPHOX_ABS, PHYPHOX_GYRO, PHYPHOX_TIME, RAW_DATA, has_phyphox, is_phyphox_zip, load_phyphox
 from .ros import IMU, ROS_EXTRA, find_ros_bags, has_ros_bags, imu_topics, is_ros_bag, load_ros
@@ -43,6 +46,7 @@ from .units import LENGTH_UNITS, RATE_UNITS, TIME_UNITS, check_plausible
 
 __all__ = [
     "DataError",
+    "replacing",
     "Segment",
     "Motion",
     "load",

@@ -4,6 +4,7 @@ from a folder or a zip archive, and cell checks that name file, line and column.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
@@ -409,3 +410,26 @@ def _unit_quaternions(q: np.ndarray, path, column: str, *, tol: float = 1e-3) ->
         i = int(np.argmax(bad))
         raise DataError(f"{_where(path, i + 2, column)}: orientation is not a unit quaternion (|q| = {norm[i]:.6g})")
     return q / norm[:, None]
+
+
+@contextlib.contextmanager
+def replacing(path):
+    """A temporary path beside ``path`` (same folder and suffix: matplotlib reads the format
+    from it), moved onto ``path`` (``os.replace``, atomic) only when the block ends without an
+    exception: an interrupted (Ctrl-C) or failed write leaves no partial file under the final
+    name, and a file already there stays as it was. A path that is not a regular file (a
+    device such as ``/dev/null``, a pipe, a symbolic link) is written in place."""
+    path = Path(path)
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        # a device (/dev/null, /dev/stdout), a pipe or a link: written in place, never replaced
+        yield path
+        return
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.part{path.suffix}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        try:
+            tmp.unlink()
+        except OSError:  # moved into place, or never written
+            pass
