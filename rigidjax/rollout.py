@@ -283,7 +283,7 @@ def _leading(k_sub, save_every) -> str:
     if save_every not in (None, 1):
         return f"save interval ({save_every} {'steps' if k_sub is None else 'sample intervals'} each)"
     if k_sub is not None:
-        return f"sample interval ({k_sub if isinstance(k_sub, int) else 'substeps'} steps each)"
+        return f"sample interval ({k_sub} step{'' if k_sub == 1 else 's'} each)"
     return "step"
 
 

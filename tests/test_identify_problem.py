@@ -704,7 +704,7 @@ def test_too_few_values_are_unidentifiable_before_any_fit():
             [identify.MeasuredSegment(t=seg.t[:n], data={"omega": seg.data["omega"][:n]}, state0=seg.state0)]
         )
 
-    said = "too few measured values (at most 9) for 5 unknowns (need >= 10)"  # 2 ratios + omega0
+    said = "too few measured values (9) for 5 unknowns (need >= 10)"  # 2 ratios + omega0
     f = identify.fit(cut(3))
     assert f.status == identify.FitStatus.UNIDENTIFIABLE and f.iterations == 0 and said in f.message, f.message
     assert not np.isfinite(f.se["ratios"]).any()
@@ -712,6 +712,17 @@ def test_too_few_values_are_unidentifiable_before_any_fit():
     assert many[1].status == identify.FitStatus.UNIDENTIFIABLE and said in many[1].message
     assert many[0].status == many[2].status == identify.FitStatus.CONVERGED, (many[0].message, many[2].message)
     assert identify.fit(cut(4), step_check="off").iterations > 0  # 12 values: fitted
+    # windows of one body (groups): a window not fitted is outside the rules across windows
+    # (not a suspect, not refitted, not in a median, never poor_fit), alone or among others
+    tiny = identify.fit_many([cut(3), cut(3)], groups=["a", "a"], step_check="off")
+    assert [f.status for f in tiny] == [identify.FitStatus.UNIDENTIFIABLE] * 2, [f.message for f in tiny]
+    assert all(f.iterations == 0 and "not fitted" in f.message and "refit" not in f.message for f in tiny)
+    grouped = identify.fit_many([problems[1], cut(3), problems[2]], groups=["a"] * 3, step_check="off")
+    assert grouped[1].status == identify.FitStatus.UNIDENTIFIABLE and grouped[1].iterations == 0
+    assert "refit" not in grouped[1].message and grouped[1].starts == many[1].starts, grouped[1].message
+    for g, m in zip(grouped[::2], many[::2]):
+        assert g.status == identify.FitStatus.CONVERGED, g.message
+        np.testing.assert_allclose(g.values["ratios"], m.values["ratios"], rtol=1e-9)
 
 
 def test_fit_many_equals_one_by_one_and_keeps_the_others():
@@ -904,6 +915,10 @@ def test_windows_of_one_body_are_judged_against_each_other():
     assert alone.status == identify.FitStatus.MAX_STEPS
     rescued = identify.fit_many(lost, starts=1, max_steps=4, groups=["toss"] * 6)
     assert rescued[2].status == identify.FitStatus.CONVERGED and "consensus" in rescued[2].message
+    # the summary counts the best among the refit's kept starts, of all the window's starts
+    r = rescued[2]
+    assert 1 <= r.starts_at_best <= r.kept < r.starts - 1, str(r)
+    assert f"{r.starts_at_best}/{r.kept} kept starts at the best cost ({r.starts} started)" in str(r), str(r)
     dense = identify.fit(lost[2], starts=8)
     np.testing.assert_allclose(rescued[2].values["ratios"], dense.values["ratios"], rtol=1e-5)
     with pytest.raises(ValueError, match="groups has 2 labels for 6 problems"):

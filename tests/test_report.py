@@ -243,7 +243,8 @@ def test_report_draws_the_worst_windows_first():
 
 def test_write_report_is_whole_or_absent(tmp_path, monkeypatch):
     """write_report writes index.html whole or not at all: a write interrupted part-way (a
-    full disk, Ctrl-C) leaves the previous report as it was and no temporary file."""
+    full disk, Ctrl-C) leaves the previous report as it was and no temporary file; a
+    complete rewrite keeps the file's permission bits."""
     res = _per_window_result(n=2, bad=())
     out = write_report(res, tmp_path / "rep", max_windows=0)
     before = out.read_bytes()
@@ -259,6 +260,10 @@ def test_write_report_is_whole_or_absent(tmp_path, monkeypatch):
         write_report(res, tmp_path / "rep", max_windows=0)
     assert out.read_bytes() == before
     assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == ["index.html"]
+    monkeypatch.undo()
+    out.chmod(0o600)  # a replaced report keeps the permissions the user gave it
+    write_report(res, tmp_path / "rep", max_windows=0)
+    assert out.stat().st_mode & 0o777 == 0o600 and out.read_bytes().rstrip().endswith(b"</html>")
 
 
 class _Collect(html.parser.HTMLParser):

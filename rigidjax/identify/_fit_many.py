@@ -160,10 +160,13 @@ def _many(
         return out
     signal = np.array([_signals(p) for p in problems])  # (W, observations), data units
     q = np.array([_residuals(f) for f in out])
-    conv = np.array([f.status in _JUDGED for f in out])
+    # a window with too little data was not fitted: never a suspect, nor in any median
+    fitted = np.flatnonzero([not _not_fitted(f) for f in out])
+    conv = np.array([out[w].status in _JUDGED for w in fitted], bool)
     suspect = np.zeros(W, bool)
     for i in range(signal.shape[1]):  # each observation in its data's unit
-        suspect |= _across.suspects(q[:, i], signal[:, i], conv, groups)
+        if fitted.size:
+            suspect[fitted] |= _across.suspects(q[fitted, i], signal[fitted, i], conv, [groups[w] for w in fitted])
     bad, good = np.flatnonzero(suspect), np.flatnonzero(~suspect & np.all(np.isfinite(q), axis=1))
     if bad.size:
         given = _consensus_starts(out, layouts, groups, bad, good, seed, spread)
@@ -183,7 +186,9 @@ def _many(
                     f"refit from the other windows' consensus and random starts ({f.starts}; the first fit, residual "
                     f"{res}, {old.status.value}, was a suspect: cost {old.cost:.6g} -> {f.cost:.6g})"
                 )
-                out[w] = dataclasses.replace(f, message=f"{f.message}; {note}", starts=old.starts + f.starts)
+                # starts_at_best counts among the refit's kept starts (all where it kept all)
+                kept = f.starts if f.kept is None else f.kept
+                out[w] = dataclasses.replace(f, message=f"{f.message}; {note}", starts=old.starts + f.starts, kept=kept)
     _judge(out, groups, signal, [p.observations for p in problems])
     return out
 
@@ -277,6 +282,12 @@ def _signals(problem: Problem) -> list[float]:
     return out
 
 
+def _not_fitted(f: ProblemFit) -> bool:
+    """Whether ``f`` is a problem with too little data, not fitted (``unidentifiable`` at its
+    start values, no cost): outside the rules across windows."""
+    return f.status is FitStatus.UNIDENTIFIABLE and not np.isfinite(f.cost)
+
+
 def _residuals(f: ProblemFit) -> list[float]:
     """Per observation, a window's residual RMS in its data's unit (``inf`` where not finite)."""
     return [float(r) if np.isfinite(r) else np.inf for r in f.rms]
@@ -286,7 +297,7 @@ def _judge(out: list, groups, signal, observations) -> None:
     """The poor-fit rule across windows (:mod:`rigidjax.identify._across`) IN PLACE on the
     results of :func:`fit_many` with ``groups``: each observation in its data's unit, its sigma
     the noise; a window is poor where any observation is."""
-    judged = [w for w, f in enumerate(out) if f.status in _JUDGED]
+    judged = [w for w, f in enumerate(out) if f.status in _JUDGED and not _not_fitted(f)]
     if not judged:
         return
     q = np.array([_residuals(out[w]) for w in judged])

@@ -179,16 +179,17 @@ def _fit(
     layout = layouts[0]
     _check_signals(problems[0], layout, dtype)
     N = _common_length(problems, pad_to)
-    # too few measured values for a standard error (result's rule: m >= 2 P) even counting every
-    # data column (a quaternion's 4 for its 3 residuals): unidentifiable before any compilation
+    # too few measured values for a standard error (result's rule: m >= 2 P), counting each
+    # weighted sample's residual components: unidentifiable before any compilation
     few = {}
     for w, p in enumerate(problems):
         st_w = _stack_segments(p, dtype, N)
-        m = int(sum(np.sum(wo > 0) * st_w.data[o.key].shape[-1] for o, wo in zip(p.observations, st_w.weights)))
+        m = int(
+            sum(np.sum(wo > 0) * o.residual_size(obs.data_width(p, o)) for o, wo in zip(p.observations, st_w.weights))
+        )
         if m < 2 * layouts[w].P:
             few[w] = (
-                f"too few measured values (at most {m}) for {layouts[w].P} unknowns (need >= {2 * layouts[w].P}): "
-                "not fitted"
+                f"too few measured values ({m}) for {layouts[w].P} unknowns (need >= {2 * layouts[w].P}): not fitted"
             )
     if len(few) == len(problems):
         if refits is not None:

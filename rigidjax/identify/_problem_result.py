@@ -41,7 +41,7 @@ class ProblemFit:
         iterations: optimiser iterations of the best start; ``starts``: starts run;
             ``starts_at_best``: starts that reached the best cost (relative 1e-6), counted
             among the ``kept`` starts that ran past the first phase (``fit``'s ``keep``;
-            ``None``: every start ran to its end).
+            a :func:`fit_many` refit: among its own; ``None``: every start ran to its end).
         decrement: the first-order optimality measure at the optimum (``_lm.decrement``).
         x: the unknown vector at the optimum.
         se_classical: ``{name: standard error}`` of the model values from the classical

@@ -40,9 +40,9 @@ message names the coordinates held there). What the result's ``status`` means:
   (:func:`rigidjax.identify._verdict.flat`, fit_inertia's rule): the descent heads for a
   minimum the data do not determine; or an inertia whose transform declares ``degenerate``
   ending at, or heading for, a rod-like body (a principal moment 1e4 times another); or
-  fewer than two measured values per unknown (no standard error means anything), which is
-  found before any compilation and not fitted (0 iterations) where even every data column
-  (a quaternion's four) falls short;
+  fewer than two measured values (weighted residual components) per unknown (no standard
+  error means anything), found before any compilation: not fitted (0 iterations, no cost),
+  and outside :func:`fit_many`'s rules across windows;
 * ``nonfinite``: a rollout step failed (a Newton solve, NaN) at the best point;
 * ``max_steps`` / ``stalled``: the optimiser's cap came first / no step lowered the cost;
 * ``poor_fit``: an optimum whose residuals are over 5 times the stated ``sigma`` (wrong units,

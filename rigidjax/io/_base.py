@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import io
 import os
+import shutil
 import re
 import zipfile
 from pathlib import Path, PurePosixPath
@@ -417,7 +418,8 @@ def replacing(path):
     """A temporary path beside ``path`` (same folder and suffix: matplotlib reads the format
     from it), moved onto ``path`` (``os.replace``, atomic) only when the block ends without an
     exception: an interrupted (Ctrl-C) or failed write leaves no partial file under the final
-    name, and a file already there stays as it was. A path that is not a regular file (a
+    name, and a file already there stays as it was (its replacement takes its permission
+    bits). A path that is not a regular file (a
     device such as ``/dev/null``, a pipe, a symbolic link) is written in place."""
     path = Path(path)
     if path.is_symlink() or (path.exists() and not path.is_file()):
@@ -427,6 +429,8 @@ def replacing(path):
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.part{path.suffix}")
     try:
         yield tmp
+        if path.is_file():  # the replacement keeps the file's permissions
+            shutil.copymode(path, tmp)
         os.replace(tmp, path)
     finally:
         try:
