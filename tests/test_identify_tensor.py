@@ -155,3 +155,38 @@ def test_inertia_tensor_from_noise_free_torques():
     f = identify.fit(dataclasses.replace(problem, substeps=8), starts=2, step_check="off")
     assert f.status == identify.FitStatus.CONVERGED, f.message
     np.testing.assert_allclose(f.values["tensor"], TENSOR, atol=1e-4 * 2.8)
+
+
+def test_classical_covariance_of_values_and_initial_rates_is_fit_inertias():
+    """``ProblemFit.covariance_classical`` (values, then the initial-state unknowns) on
+    fit_inertia's per-window model (principal moments, gyroscope bias; 0.01 rad/s noise):
+    its errors of the ratios, the bias and the initial rates are those of ``fit_inertia``'s
+    row (another evaluator and chart, its own Gauss-Newton covariance) at the same minimum
+    and sub-steps (rtol 1e-5: both stop at first-order optimality, near enough the minimum
+    that the curvature there agrees to ~1e-7, measured); ``initial_se`` (the larger of classical and sandwich) is never
+    below the classical error; a problem not fitted has them all inf."""
+    from rigidjax.identify import recipes
+
+    rng = np.random.default_rng(5)
+    t = np.arange(200) * 0.01
+    w, _ = free_body_truth(np.diag([1.0, 2.0, 2.8]), W0, np.array([1.0, 0, 0, 0]), t)
+    y = w + 0.01 * rng.standard_normal(w.shape) + np.array([0.02, -0.01, 0.015])
+    seg = Segment(t, y, name="w")
+    (p,) = recipes.window_problems([seg], bias=True)
+    f = identify.fit(p, starts=2)
+    assert f.status == identify.FitStatus.CONVERGED, f.message
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        row = identify.fit_inertia([seg], bias=True, substeps=int(np.max(f.substeps))).segments[0]
+    assert row["status"] == identify.FitStatus.CONVERGED, row["reason"]
+    V = len(f.names)  # ratios (2), bias (3)
+    assert f.covariance_classical.shape == (V + 3, V + 3) and f.names[-3:] == [f"sensor0.bias[{i}]" for i in range(3)]
+    se = np.sqrt(np.diag(f.covariance_classical))
+    np.testing.assert_allclose(se[:2], [row["se"]["Ix/Iy"], row["se"]["Iz/Iy"]], rtol=1e-5)
+    np.testing.assert_allclose(se[2:V], row["bias_se"], rtol=1e-5)
+    np.testing.assert_allclose(se[V:], row["omega0_se"], rtol=1e-5)
+    np.testing.assert_allclose(se[:2], f.se_classical["ratios"], rtol=1e-12)
+    assert np.all(f.initial_se[0] >= se[V:] * (1 - 1e-12)), (f.initial_se, se[V:])
+    short = dataclasses.replace(p.segments[0], t=t[:3], data={"omega": y[:3]})
+    tiny = identify.fit(dataclasses.replace(p, segments=[short]))
+    assert np.all(np.isinf(tiny.initial_se)) and np.all(np.isinf(tiny.covariance_classical))

@@ -396,6 +396,8 @@ def _failed(problem, layout, x0, starts, message, dtype, status=FitStatus.NONFIN
         x=np.asarray(x0),
         se_classical=inf(values),
         substeps=problem.substeps,
+        initial_se=np.full((layout.S, layout.nz), np.inf),
+        covariance_classical=np.full((n + layout.S * layout.nz,) * 2, np.inf),
     )
 
 

@@ -31,11 +31,17 @@ class ProblemFit:
             block-sandwich estimate, see the module).
         sensor: per observation, ``{name: value}`` of its sensor parameters; ``sensor_se``
             their standard errors.
-        initial: ``(S, nz)`` the fitted initial-state unknowns per segment.
+        initial: ``(S, nz)`` the fitted initial-state unknowns per segment; ``initial_se``:
+            their standard errors (as ``se``: the larger of the classical and the sandwich
+            estimate; inf where undetermined).
         model: the model with the fitted values.
         cost: ``1/2 sum r^2`` at the optimum; ``rms``: per observation, the RMS residual in
             the data's units (times ``sigma``).
         covariance: of the flattened values (model then sensor), in ``names`` order.
+        covariance_classical: ``(V + S nz, V + S nz)``: the classical ``s^2 (J^T J)^-1``
+            alone (right for white residuals; the errors of ``se_classical``) of the
+            flattened values (``names`` order) then the initial-state unknowns (``initial``
+            row by row); rows and columns of undetermined quantities inf.
         names: the flattened values' names.
         block: the sandwich's block length (samples).
         iterations: optimiser iterations of the best start; ``starts``: starts run;
@@ -75,6 +81,8 @@ class ProblemFit:
     substeps: int | tuple = 1
     step_shift: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     kept: int | None = None
+    initial_se: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0)))
+    covariance_classical: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0)))
 
     def to_dict(self) -> dict:
         """JSON-ready: status, message, values and standard errors (the reported and the
@@ -98,10 +106,12 @@ class ProblemFit:
             "sensor": js(self.sensor),
             "sensor_se": js(self.sensor_se),
             "initial": js(self.initial),
+            "initial_se": js(self.initial_se),
             "cost": clean(self.cost),
             "rms": clean(self.rms),
             "names": list(self.names),
             "covariance": clean(self.covariance),
+            "covariance_classical": clean(self.covariance_classical),
             "block": int(self.block),
             "iterations": int(self.iterations),
             "starts": int(self.starts),
@@ -362,6 +372,15 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
     se_flat = np.sqrt(np.maximum(np.diag(cov_v), 0))
     cov_w = Tv @ np.nan_to_num(cov_classic[:ng, :ng]) @ Tv.T
     se_w_flat = np.where(lost, np.inf, np.sqrt(np.maximum(np.diag(cov_w), 0)))
+    # the classical covariance of the values and the initial-state unknowns together (the
+    # initial states are unknowns themselves: identity), and the initial states' errors
+    T = np.zeros((Tv.shape[0] + P - ng, P))
+    T[: Tv.shape[0], :ng], T[Tv.shape[0] :, ng:] = Tv, np.eye(P - ng)
+    gone = np.concatenate([lost, undetermined[ng:] | ~np.isfinite(s2)])
+    cov_all = T @ np.nan_to_num(cov_classic) @ T.T
+    cov_all[gone, :] = np.inf
+    cov_all[:, gone] = np.inf
+    se_init = np.where(gone[Tv.shape[0] :], np.inf, np.sqrt(np.maximum(np.diag(cov)[ng:], 0)))
     values, se, se_classical, pos = {}, {}, {}, 0
     for name, v in mv.items():
         v = jax.tree_util.tree_map(np.asarray, v)
@@ -547,4 +566,6 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
         substeps=problem.substeps,
         x=np.asarray(x),
         se_classical=se_classical,
+        initial_se=se_init.reshape(layout.S, layout.nz),
+        covariance_classical=cov_all,
     )
