@@ -725,6 +725,34 @@ def test_too_few_values_are_unidentifiable_before_any_fit():
         np.testing.assert_allclose(g.values["ratios"], m.values["ratios"], rtol=1e-9)
 
 
+def test_a_window_found_too_few_only_by_its_fit_is_outside_the_rules_across_windows():
+    """Motion capture of 4 samples whose held initial orientation is the first measured
+    quaternion: sample 0 carries nothing (residual and Jacobian 0), so the data hold 9
+    measured values for 5 unknowns, which only the fit finds (the count before it, 12, is
+    an upper bound). It is ``too_few`` (``measured`` 9), which puts it, among windows of one
+    body (``groups``), outside the rules across windows as a window not fitted (see
+    ``test_too_few_values_are_unidentifiable_before_any_fit``): not refitted (QA)."""
+    rng = np.random.default_rng(4)
+
+    def window(n, w0):
+        t = np.arange(n) * 0.01
+        w, q = free_body_truth(INERTIA, w0, np.array([1.0, 0, 0, 0]), t)
+        q = q + 1e-4 * rng.standard_normal(q.shape)
+        q /= np.linalg.norm(q, axis=1, keepdims=True)
+        seg = identify.MeasuredSegment(t=t, data={"q": q}, state0=_state0(w[0] + 0.01, q[0]))
+        return _problem([seg], observations=[obs.Orientation(sigma=1e-4)])
+
+    problems = [window(80, W0 + rng.normal(0, 0.3, 3)) for _ in range(4)] + [window(4, W0)]
+    alone = identify.fit(problems[4], starts=1, step_check="off")
+    assert alone.status == identify.FitStatus.UNIDENTIFIABLE and alone.iterations > 0, alone.message
+    assert alone.measured == 9 and alone.too_few and "too few measured values (9)" in alone.message
+    fits = identify.fit_many(problems, groups=["a"] * 5, step_check="off", starts=2)
+    assert fits[4].status == identify.FitStatus.UNIDENTIFIABLE and "refit" not in fits[4].message, fits[4].message
+    assert fits[4].starts == 2 and fits[4].too_few
+    assert all(f.status == identify.FitStatus.CONVERGED and not f.too_few for f in fits[:4]), [f.message for f in fits]
+    assert [f.measured for f in fits[:4]] == [237] * 4  # 80 quaternions, 3 residuals each; the first is the start
+
+
 def test_fit_many_equals_one_by_one_and_keeps_the_others():
     """``fit_many``: three windows of one body (60, 50 and 45 samples, their own noise) fitted
     in one program give each window's own ``fit`` (same seed, padded to one length: equal to

@@ -160,8 +160,9 @@ def _many(
         return out
     signal = np.array([_signals(p) for p in problems])  # (W, observations), data units
     q = np.array([_residuals(f) for f in out])
-    # a window with too little data was not fitted: never a suspect, nor in any median
-    fitted = np.flatnonzero([not _not_fitted(f) for f in out])
+    # a window with too little data (not fitted, or fitted and found so: its residual is
+    # the overfit's) is never a suspect, nor in any median
+    fitted = np.flatnonzero([not f.too_few for f in out])
     conv = np.array([out[w].status in _JUDGED for w in fitted], bool)
     suspect = np.zeros(W, bool)
     for i in range(signal.shape[1]):  # each observation in its data's unit
@@ -282,12 +283,6 @@ def _signals(problem: Problem) -> list[float]:
     return out
 
 
-def _not_fitted(f: ProblemFit) -> bool:
-    """Whether ``f`` is a problem with too little data, not fitted (``unidentifiable`` at its
-    start values, no cost): outside the rules across windows."""
-    return f.status is FitStatus.UNIDENTIFIABLE and not np.isfinite(f.cost)
-
-
 def _residuals(f: ProblemFit) -> list[float]:
     """Per observation, a window's residual RMS in its data's unit (``inf`` where not finite)."""
     return [float(r) if np.isfinite(r) else np.inf for r in f.rms]
@@ -297,7 +292,7 @@ def _judge(out: list, groups, signal, observations) -> None:
     """The poor-fit rule across windows (:mod:`rigidjax.identify._across`) IN PLACE on the
     results of :func:`fit_many` with ``groups``: each observation in its data's unit, its sigma
     the noise; a window is poor where any observation is."""
-    judged = [w for w, f in enumerate(out) if f.status in _JUDGED and not _not_fitted(f)]
+    judged = [w for w, f in enumerate(out) if f.status in _JUDGED and not f.too_few]
     if not judged:
         return
     q = np.array([_residuals(out[w]) for w in judged])

@@ -181,12 +181,13 @@ def _fit(
     N = _common_length(problems, pad_to)
     # too few measured values for a standard error (result's rule: m >= 2 P), counting each
     # weighted sample's residual components: unidentifiable before any compilation
-    few = {}
+    few, counted = {}, {}
     for w, p in enumerate(problems):
         st_w = _stack_segments(p, dtype, N)
         m = int(
             sum(np.sum(wo > 0) * o.residual_size(obs.data_width(p, o)) for o, wo in zip(p.observations, st_w.weights))
         )
+        counted[w] = m
         if m < 2 * layouts[w].P:
             few[w] = (
                 f"too few measured values ({m}) for {layouts[w].P} unknowns (need >= {2 * layouts[w].P}): not fitted"
@@ -196,7 +197,7 @@ def _fit(
             refits.append(lambda ws, given: {})  # nothing to refit
         x0 = [lay.start() for lay in layouts]
         return [
-            _failed(p, lay, x, starts, few[w], dtype, FitStatus.UNIDENTIFIABLE)
+            _failed(p, lay, x, starts, few[w], dtype, FitStatus.UNIDENTIFIABLE, counted[w])
             for w, (p, lay, x) in enumerate(zip(problems, layouts, x0))
         ]
     stacked, run, evaluate, run_one = _evaluator(problems, layout, dtype, N, starts)
@@ -286,14 +287,14 @@ def _fit(
     out = []
     for w, (problem, lay) in enumerate(zip(problems, layouts)):
         if w in few:
-            out.append(_failed(problem, lay, x0[w], starts, few[w], dtype, FitStatus.UNIDENTIFIABLE))
+            out.append(_failed(problem, lay, x0[w], starts, few[w], dtype, FitStatus.UNIDENTIFIABLE, counted[w]))
             continue
         if w not in failed and not np.any(np.isfinite(cost[w])):
             failed[w] = "no start could be evaluated (NaN or a failed step at every start)"
             if raise_on_failure:
                 raise ValueError(f"{name}: {failed[w]}")
         if w in failed:
-            out.append(_failed(problem, lay, x0[w], starts, failed[w], dtype))
+            out.append(_failed(problem, lay, x0[w], starts, failed[w], dtype, measured=counted[w]))
             continue
         b, row = int(best[w]), int(rows[w])
         at_best = int(np.sum(cost[w] <= cost[w, b] * (1 + 1e-6) + 1e-300))
@@ -365,7 +366,7 @@ def _remembered(run, x, value):
     return f
 
 
-def _failed(problem, layout, x0, starts, message, dtype, status=FitStatus.NONFINITE) -> ProblemFit:
+def _failed(problem, layout, x0, starts, message, dtype, status=FitStatus.NONFINITE, measured=None) -> ProblemFit:
     """The result of a problem that could not be fitted (``status``: ``nonfinite``, or
     ``unidentifiable`` where its data cannot give a standard error): the start values with
     infinite errors (:func:`~rigidjax.identify.fit_many` keeps the other problems' fits)."""
@@ -398,6 +399,7 @@ def _failed(problem, layout, x0, starts, message, dtype, status=FitStatus.NONFIN
         substeps=problem.substeps,
         initial_se=np.full((layout.S, layout.nz), np.inf),
         covariance_classical=np.full((n + layout.S * layout.nz,) * 2, np.inf),
+        measured=measured,
     )
 
 

@@ -42,6 +42,9 @@ class ProblemFit:
             alone (right for white residuals; the errors of ``se_classical``) of the
             flattened values (``names`` order) then the initial-state unknowns (``initial``
             row by row); rows and columns of undetermined quantities inf.
+        measured: the measured values the fit used (weighted residual components that
+            depend on the unknowns or are not zero; where not fitted, the weighted components
+            of the data); fewer than twice the unknowns is ``too_few``.
         names: the flattened values' names.
         block: the sandwich's block length (samples).
         iterations: optimiser iterations of the best start; ``starts``: starts run;
@@ -83,6 +86,13 @@ class ProblemFit:
     kept: int | None = None
     initial_se: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0)))
     covariance_classical: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0)))
+    measured: int | None = None
+
+    @property
+    def too_few(self) -> bool:
+        """Whether the data held fewer than two measured values per unknown (``unidentifiable``:
+        no standard error means anything), found before the fit (not fitted) or after it."""
+        return self.measured is not None and self.measured < 2 * np.size(self.x)
 
     def to_dict(self) -> dict:
         """JSON-ready: status, message, values and standard errors (the reported and the
@@ -117,6 +127,7 @@ class ProblemFit:
             "starts": int(self.starts),
             "starts_at_best": int(self.starts_at_best),
             "kept": None if self.kept is None else int(self.kept),
+            "measured": None if self.measured is None else int(self.measured),
             "decrement": clean(self.decrement),
             "substeps": list(self.substeps) if isinstance(self.substeps, tuple) else int(self.substeps),
             "step_shift": clean(self.step_shift),
@@ -568,4 +579,5 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
         se_classical=se_classical,
         initial_se=se_init.reshape(layout.S, layout.nz),
         covariance_classical=cov_all,
+        measured=m,
     )
