@@ -1,6 +1,6 @@
 """Benchmark: fit the shared racquet flips; rigidjax against SciPy and mujoco.sysid, CPU and accuracy.
 
-    python -m benchmarks.bench_fit [--data DIR] [--baseline-segments N] [--starts K]
+    python -m benchmarks.bench_fit [--data DIR] [--baseline-segments N] [--starts K] [--keep K]
                                    [--commands] [--search N] [--quick]
 
 The model all three fit per window (``fit_inertia``'s default): torque-free Euler equations
@@ -25,7 +25,9 @@ Rows:
   ``AngularVelocity(bias=False, sigma=the window's noise)`` (``recipes.noise_level``),
   ``FreeBodyInitial(("angular_velocity",))``, the midpoint step with the sub-steps
   ``fit_inertia`` chose for the window (its adapted ``substeps``), ``--starts`` starts from
-  the same equation-error start as SciPy's (the rest random, the layer's ``spread``); one
+  the same equation-error start as SciPy's (the rest random, the layer's ``spread``), the
+  ``--keep`` lowest of them per window run on past the first iterations (default 1, as
+  fit_inertia keeps its best start after its first phase; 0: every start to its end); one
   problem per window, every window padded to the longest, all windows in one ``fit_many``
   call with ``groups`` (fit_inertia's recording labels: the rules across windows; one
   program, the sub-steps data), then :func:`rigidjax.identify.combine`; timed cold (first
@@ -174,10 +176,13 @@ def layer_problem(seg, start, substeps: int, sigma: float = 1.0):
 _LAYER: dict = {}
 
 
-def layer_fits(segs, starts_of, substeps, starts: int, pad_to: int, groups) -> tuple[dict, float, float, object]:
+def layer_fits(
+    segs, starts_of, substeps, starts: int, pad_to: int, groups, keep: int | None = None
+) -> tuple[dict, float, float, object]:
     """Every window with :func:`rigidjax.identify.fit_many` in one call with ``groups``
     (``substeps[i]``, fit_inertia's: data of one program; every window padded to
-    ``pad_to``; each window's sigma its noise level), then :func:`rigidjax.identify.combine`.
+    ``pad_to``; each window's sigma its noise level; ``keep``: fit_many's), then
+    :func:`rigidjax.identify.combine`.
     Returns ``({window index: result}, wall s, CPU s, combined)``; each result: ``Ix/Iy``,
     ``Iz/Iy``, ``omega0``, ``rms`` (its own, midpoint at its sub-steps), ``se`` (the layer's:
     the larger of the classical and the block-sandwich estimate), ``se_classical`` (``s^2
@@ -196,7 +201,7 @@ def layer_fits(segs, starts_of, substeps, starts: int, pad_to: int, groups) -> t
     out = {}
     t0, c0 = time.perf_counter(), _cpu()
     problems = [layer_problem(s, starts_of(s), k, noise_level(s.omega)) for s, k in zip(segs, substeps)]
-    fits = identify.fit_many(problems, starts=starts, pad_to=pad_to, groups=groups)
+    fits = identify.fit_many(problems, starts=starts, pad_to=pad_to, groups=groups, keep=keep)
     combined = identify.combine(fits, groups)
     cpu_each = (_cpu() - c0) / len(segs)
     for i, f in enumerate(combined.fits):
@@ -374,6 +379,9 @@ def main(argv=None) -> int:
         help="fit N evenly spaced windows with SciPy and sysid, extrapolate to all (default 8; 0 = all)",
     )
     ap.add_argument("--starts", type=int, default=4)
+    ap.add_argument(
+        "--keep", type=int, default=1, help="identify.fit_many: starts run past the first iterations (0: all)"
+    )
     ap.add_argument("--commands", action="store_true", help="also time `rigidjax fit` on all flips and on each round")
     ap.add_argument(
         "--search", type=int, default=0, metavar="N", help="dense multi-start check with N starts per window"
@@ -465,6 +473,7 @@ def main(argv=None) -> int:
                 args.starts,
                 pad_to,
                 [ours.segments[i]["recording"] for i in range(len(segs))],
+                keep=args.keep or None,
             )
         layer_times.append((wall, cpu))
     # one inertia for the windows the layer pooled, from its combined estimate
@@ -570,7 +579,7 @@ def main(argv=None) -> int:
         ),
         "method": "rigidjax.identify.fit_many(groups=recordings) + identify.combine: MomentRatios, "
         "AngularVelocity(bias=False, sigma=noise), FreeBodyInitial(angular_velocity), midpoint at fit_inertia's "
-        "sub-steps, one call",
+        f"sub-steps, one call, {args.starts} starts, keep={args.keep or None}",
     }
     rows["rigidjax identify.fit joint"] = {
         "cold_s": joint_times[0][0],

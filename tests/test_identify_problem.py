@@ -1206,3 +1206,16 @@ def test_all_shared_flips_as_fit_inertia_judges_them(racquet_dir, model, exclude
     on one window, a flat minimum, and is left out here)."""
     c = _agrees_with_fit_inertia(racquet_dir / "flips", **model)
     assert len(c.excluded) == excluded
+
+
+def test_a_known_initial_state_has_no_initial_unknowns():
+    """``FreeBodyInitial(())``: the segment's ``state0`` is the known initial state; the fit
+    has no initial unknowns (``initial`` of shape (1, 0)) and recovers the ratios from a
+    noisy gyroscope within 3 standard errors (QA: ``()`` failed in its start guess)."""
+    seg = _free_body_segment()
+    w = seg.data["omega"] + 1e-3 * np.random.default_rng(0).standard_normal(seg.data["omega"].shape)
+    known = identify.MeasuredSegment(t=seg.t, data={"omega": w}, state0=seg.state0)
+    f = identify.fit(_problem([known], initial=identify.FreeBodyInitial(())), step_check="off")
+    assert f.status == identify.FitStatus.CONVERGED, f.message
+    assert f.initial.shape == f.initial_se.shape == (1, 0) and f.covariance_classical.shape == (2, 2)
+    _within(f.values["ratios"], INERTIA[1:] / INERTIA[0], f.se["ratios"], 3)

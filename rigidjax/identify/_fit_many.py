@@ -312,7 +312,9 @@ def _judge(out: list, groups, signal, observations) -> None:
                 reasons[j].append(label + reason)
     for j, w in enumerate(judged):
         if reasons[j]:
-            out[w] = dataclasses.replace(out[w], status=FitStatus.POOR_FIT, message="; ".join(reasons[j]))
+            # the reasons first, then what the fit said (its optimum, a refit's note)
+            message = "; ".join(reasons[j]) + f"; the fit: {out[w].message}"
+            out[w] = dataclasses.replace(out[w], status=FitStatus.POOR_FIT, message=message)
 
 
 def multistart_problems(fits, problems, *, starts: int, seed: int, spread: float, max_steps: int, progress=None):

@@ -218,7 +218,7 @@ def FreeBodyInitial(fit: Sequence[str] = ("orientation", "angular_velocity")) ->
     """The unknowns of a :class:`rigidjax.RigidBodyState`: any of ``"position"`` (m),
     ``"orientation"`` (a rotation vector ``phi``, rad: ``q0 = state0.orientation ⊗ exp(phi)``),
     ``"velocity"`` (m/s, world) and ``"angular_velocity"`` (rad/s, body); 3 each, starting at
-    the segment's ``state0`` (``phi = 0``)."""
+    the segment's ``state0`` (``phi = 0``); ``()``: the initial state is known (``state0``)."""
     fields = ("position", "orientation", "velocity", "angular_velocity")
     fit = tuple(fit)
     bad = [f for f in fit if f not in fields]
@@ -233,7 +233,8 @@ def FreeBodyInitial(fit: Sequence[str] = ("orientation", "angular_velocity")) ->
         return eqx.tree_at(lambda s: tuple(getattr(s, f) for f in fit), s0, tuple(new[f] for f in fit))
 
     def guess(s0: RigidBodyState):
-        return np.concatenate([np.zeros(3) if f == "orientation" else np.asarray(getattr(s0, f), float) for f in fit])
+        parts = [np.zeros(3) if f == "orientation" else np.asarray(getattr(s0, f), float) for f in fit]
+        return np.concatenate(parts) if parts else np.zeros(0)
 
     return InitialState(3 * len(fit), build, guess)
 
