@@ -381,17 +381,17 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
     cov_v[lost, :] = np.inf
     cov_v[:, lost] = np.inf
     se_flat = np.sqrt(np.maximum(np.diag(cov_v), 0))
-    cov_w = Tv @ np.nan_to_num(cov_classic[:ng, :ng]) @ Tv.T
-    se_w_flat = np.where(lost, np.inf, np.sqrt(np.maximum(np.diag(cov_w), 0)))
     # the classical covariance of the values and the initial-state unknowns together (the
-    # initial states are unknowns themselves: identity), and the initial states' errors
-    T = np.zeros((Tv.shape[0] + P - ng, P))
-    T[: Tv.shape[0], :ng], T[Tv.shape[0] :, ng:] = Tv, np.eye(P - ng)
+    # initial states are unknowns themselves: identity); its diagonal gives se_classical
+    V_ = Tv.shape[0]
+    T = np.zeros((V_ + P - ng, P))
+    T[:V_, :ng], T[V_:, ng:] = Tv, np.eye(P - ng)
     gone = np.concatenate([lost, undetermined[ng:] | ~np.isfinite(s2)])
     cov_all = T @ np.nan_to_num(cov_classic) @ T.T
     cov_all[gone, :] = np.inf
     cov_all[:, gone] = np.inf
-    se_init = np.where(gone[Tv.shape[0] :], np.inf, np.sqrt(np.maximum(np.diag(cov)[ng:], 0)))
+    se_w_flat = np.sqrt(np.maximum(np.diag(cov_all)[:V_], 0))
+    se_init = np.where(gone[V_:], np.inf, np.sqrt(np.maximum(np.diag(cov)[ng:], 0)))
     values, se, se_classical, pos = {}, {}, {}, 0
     for name, v in mv.items():
         v = jax.tree_util.tree_map(np.asarray, v)

@@ -41,8 +41,9 @@ message names the coordinates held there). What the result's ``status`` means:
   minimum the data do not determine; or an inertia whose transform declares ``degenerate``
   ending at, or heading for, a rod-like body (a principal moment 1e4 times another); or
   fewer than two measured values (weighted residual components) per unknown (no standard
-  error means anything), found before any compilation: not fitted (0 iterations, no cost),
-  and outside :func:`fit_many`'s rules across windows;
+  error means anything; ``too_few``): found before any compilation where the data show it
+  (not fitted: 0 iterations, no cost), else by the fit; outside :func:`fit_many`'s rules
+  across windows either way;
 * ``nonfinite``: a rollout step failed (a Newton solve, NaN) at the best point;
 * ``max_steps`` / ``stalled``: the optimiser's cap came first / no step lowered the cost;
 * ``poor_fit``: an optimum whose residuals are over 5 times the stated ``sigma`` (wrong units,

@@ -8,8 +8,8 @@ import contextlib
 import dataclasses
 import io
 import os
-import shutil
 import re
+import shutil
 import zipfile
 from pathlib import Path, PurePosixPath
 
@@ -419,8 +419,8 @@ def replacing(path):
     from it), moved onto ``path`` (``os.replace``, atomic) only when the block ends without an
     exception: an interrupted (Ctrl-C) or failed write leaves no partial file under the final
     name, and a file already there stays as it was (its replacement takes its permission
-    bits). A path that is not a regular file (a
-    device such as ``/dev/null``, a pipe, a symbolic link) is written in place."""
+    bits). A path that is not a regular file (a device such as ``/dev/null``, a pipe, a
+    symbolic link) is written in place."""
     path = Path(path)
     if path.is_symlink() or (path.exists() and not path.is_file()):
         # a device (/dev/null, /dev/stdout), a pipe or a link: written in place, never replaced
