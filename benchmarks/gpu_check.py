@@ -60,6 +60,7 @@ a precision check failed or a section raised, else 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import json
@@ -233,16 +234,14 @@ def precision_row(stepper: str, N: int, on_accelerator: bool, highest: bool = Tr
     if highest:
         configs.append(("float32-highest", "float32", "highest"))
     for label, dtype_name, prec in configs:
-        run = _run_fn(stepper, dtype_name, n)
-        s0 = _random_states(stepper, dtype_name, N)
-        t = time.perf_counter()
-        if prec is None:
+        # the whole pipeline (initial states, rollout, outputs) under the precision tried
+        with jax.default_matmul_precision(prec) if prec else contextlib.nullcontext():
+            run = _run_fn(stepper, dtype_name, n)
+            s0 = _random_states(stepper, dtype_name, N)
+            t = time.perf_counter()
             states, ok = jax.block_until_ready(run(s0))
-        else:
-            with jax.default_matmul_precision(prec):
-                states, ok = jax.block_until_ready(run(s0))
-        compile_s[label] = time.perf_counter() - t
-        out[label], conv[label] = _physical(stepper, dtype_name, states), bool(ok)
+            compile_s[label] = time.perf_counter() - t
+            out[label], conv[label] = _physical(stepper, dtype_name, states), bool(ok)
     tol = TOLERANCE[stepper]
     d32 = _diff(out["float32"], out["float64"])
     nan = {"omega": float("nan"), "quaternion": float("nan")}

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .numerics import is_concrete
+from .numerics import full_precision, is_concrete
 from .info import check
 from .stepper import packed_form
 from .rollout import Trajectory, check_dt, rollout
@@ -161,6 +161,7 @@ def _compiled(step, n, checkpoint_every, save_every, adjoint, mesh, model_batche
     return jax.jit(sharded)
 
 
+@full_precision
 def ensemble_rollout(
     step: Callable,
     models,

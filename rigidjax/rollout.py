@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .numerics import is_concrete, where_tree, zeros_like_batch
+from .numerics import full_precision, is_concrete, where_tree, zeros_like_batch
 from .info import FAILURES, Status, StepInfo, check, failure_mask
 from .stepper import packed_form
 
@@ -85,6 +85,7 @@ def check_dt(dt, n_steps: int | None, state=None):
     return dt_arr, n
 
 
+@full_precision
 def rollout(
     step: Callable,
     model,

@@ -30,7 +30,7 @@ import numpy as np
 
 from . import so3
 from .body import RigidBody, RigidBodyState
-from .numerics import as_float, check_finite, is_concrete
+from .numerics import as_float, check_finite, full_precision, is_concrete
 from .variational import MechanicalSystem, VIState, generalized_velocity, vi_state
 from .variational.free_body import FreeBodyForcing, FreeBodyLagrangian, unit_norm_constraint
 
@@ -358,6 +358,7 @@ def _edot(e, omega_body):
     return 0.5 * so3.multiply(e, w0)
 
 
+@full_precision
 def rigid_body_vi_state(system: MechanicalSystem, state: RigidBodyState, *, check: bool = True) -> VIState:
     """:class:`VIState` of a :func:`rigid_body` system from a :class:`rigidjax.RigidBodyState`.
 
@@ -374,6 +375,7 @@ def rigid_body_vi_state(system: MechanicalSystem, state: RigidBodyState, *, chec
     return vi_state(system, q, qdot, t=state.time, check=check)
 
 
+@full_precision
 def rigid_body_state(system: MechanicalSystem, state: VIState) -> RigidBodyState:
     """:class:`rigidjax.RigidBodyState` (position, orientation, velocity, body angular velocity) of a VI state.
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import so3
 from ..linalg import solve_small
-from ..numerics import is_concrete
+from ..numerics import full_precision, is_concrete
 from .model import EPModel, EPState, TorqueFrame
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
 # ----------------------------------------------------------------------------- dynamics
 
 
+@full_precision
 def euler_parameter_rates(theta, angular_velocity, frame: Literal["body", "world"] = "body") -> jax.Array:
     r"""``theta_t = G^T omega / 4`` (…, 4) for Euler parameters ``theta`` (…, 4) and ``omega`` (…, 3) rad/s.
 
@@ -46,6 +47,7 @@ def _block_diag(blocks):
     return jnp.einsum("ij,iab->iajb", eye, blocks).reshape(nb * k, nb * k)
 
 
+@full_precision
 def mass_matrix(model: EPModel, coordinates_total: jax.Array) -> jax.Array:
     r"""Mass matrix ``(7 nb, 7 nb)``: per body ``blockdiag(m E3, G^T I G)`` with ``G`` = body G of ``theta``.
 
@@ -76,6 +78,7 @@ def _wrench_array(model: EPModel, wrench, dtype) -> jax.Array:
     return w
 
 
+@full_precision
 def generalized_forces(
     model: EPModel, coordinates_total, velocities, wrench=None, torque_frame: TorqueFrame = "body"
 ) -> jax.Array:
@@ -169,6 +172,7 @@ def _velocity_constraints(model: EPModel, x, v) -> jax.Array:
     return cv
 
 
+@full_precision
 def constraint_residual(model: EPModel, coordinates_total, velocities) -> jax.Array:
     """All constraints ``(n_multipliers,)`` in multiplier order: Euler parameters (position or velocity
     level), then the model's."""
@@ -228,6 +232,7 @@ def _saddle_solve(model: EPModel, x, v, wrench, torque_frame):
     return sol[:n].reshape(-1, 7), sol[n:], A
 
 
+@full_precision
 def energy(model: EPModel, states: EPState) -> jax.Array:
     r"""Total mechanical energy (…,), J: ``sum_i m|p_t|^2/2 + omega^T I omega/2 - m g . p`` (gravity potential).
 
@@ -245,6 +250,7 @@ def energy(model: EPModel, states: EPState) -> jax.Array:
 # ----------------------------------------------------------------------------- initial state
 
 
+@full_precision
 def initial_state(
     model: EPModel,
     coordinates=None,

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import so3
+from ..numerics import full_precision
 from .model import EPModel, EPState, rotation_matrix
 
 __all__ = ["OUTPUT_VARIABLES", "output"]
@@ -27,6 +28,7 @@ OUTPUT_VARIABLES = (
 )
 
 
+@full_precision
 def output(model: EPModel, states: EPState, variable: str) -> jax.Array:
     r"""The seed's node output variable for every body, shape ``(…, nb, k)``.
 

@@ -13,7 +13,7 @@ from .. import newton, so3
 from ..info import Status, StepInfo, make_info, rotation_status, step_status
 from ..linalg import METHODS, lu_factor_small, lu_solve_small
 from ..linalg import singular as linalg_singular
-from ..numerics import check_kinds, where_tree
+from ..numerics import check_kinds, full_precision, where_tree
 from ..stepper import AbstractStepper, PackedStep, check_options, make
 from .equations import (
     _check_state_shape,
@@ -125,6 +125,7 @@ class GeneralizedAlphaEP(AbstractStepper):
         if int(self.max_iterations) < 1:
             raise ValueError(f"max_iterations must be >= 1; got {self.max_iterations}")
 
+    @full_precision
     def __call__(self, model: EPModel, state: EPState, inputs: jax.Array | None, dt) -> tuple[EPState, StepInfo]:
         check_kinds("ep_step", model, EPModel, state, EPState)
         _check_state_shape(model, state)

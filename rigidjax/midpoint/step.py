@@ -12,7 +12,7 @@ import numpy as np
 
 from ..body import RigidBody, RigidBodyState, check_step_inputs
 from ..info import StepInfo, rotation_status, step_status
-from ..numerics import norm3
+from ..numerics import full_precision, norm3
 from ..stepper import AbstractStepper, PackedStep, check_options, make
 from .adjoint import discrete_adjoint_scan
 from .core import _packed_step, _valid_inputs, pack_state, unpack_state
@@ -66,6 +66,7 @@ class Midpoint(AbstractStepper):
             raise ValueError(f"attitude must be 'new' or 'midpoint'; got {self.attitude!r}")
         check_options(self, newton=False)
 
+    @full_precision
     def __call__(
         self, body: RigidBody, state: RigidBodyState, inputs: jax.Array | None, dt
     ) -> tuple[RigidBodyState, StepInfo]:

@@ -15,6 +15,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from ..numerics import full_precision
 from .step import discrete_map
 from .system import MechanicalSystem, VIState, _check_split, _split_inputs
 
@@ -45,6 +46,7 @@ _OUTS = ("q2", "p2", "lam1")
 _INS = ("q1", "p1", "u1", "rho")
 
 
+@full_precision
 def linearize(
     system: MechanicalSystem,
     state: VIState,
@@ -120,6 +122,7 @@ def _split_U(system, U):
     return U[..., :nu], U[..., nu:]
 
 
+@full_precision
 def state_space_step(
     system: MechanicalSystem,
     X,
@@ -158,6 +161,7 @@ def state_space_step(
     return jnp.concatenate([q2, p2])
 
 
+@full_precision
 def trajectory_jacobians(system: MechanicalSystem, X, U, t, dt, **kwargs) -> tuple[jax.Array, jax.Array]:
     r"""Jacobians ``A_k = ∂X(k+1)/∂X(k)``, ``B_k = ∂X(k+1)/∂U(k)`` along a trajectory.
 

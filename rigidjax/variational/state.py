@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..linalg import solve_small
-from ..numerics import as_float, is_concrete
+from ..numerics import as_float, full_precision, is_concrete
 from .system import (
     MechanicalSystem,
     VIState,
@@ -165,6 +165,7 @@ def _momentum_map_batch(generator, system, q, p):
     return jax.vmap(lambda a, b: _dyn(system, generator(a)) @ b)(q, p)
 
 
+@full_precision
 def vi_state(system: MechanicalSystem, q, qdot=None, *, p=None, t=0.0, check: bool = True) -> VIState:
     r"""Initial :class:`VIState` from ``(q, qdot)`` or ``(q, p)`` (trep's ``initialize_from_state``).
 
@@ -208,6 +209,7 @@ def vi_state(system: MechanicalSystem, q, qdot=None, *, p=None, t=0.0, check: bo
     return VIState(time=t, q=q, p=p, lam=lam, qdot=qdot)
 
 
+@full_precision
 def vi_state_from_configs(
     system: MechanicalSystem, q0, q1, dt, *, t0=0.0, u=None, forcing_split: str = "left", check: bool = True
 ) -> VIState:
@@ -246,6 +248,7 @@ def vi_state_from_configs(
 # --------------------------------------------------------------------------- derived quantities
 
 
+@full_precision
 def generalized_velocity(system: MechanicalSystem, state: VIState) -> jax.Array:
     r"""Velocity ``qdot_k`` (…, n) at the node ``t_k`` from the momentum ``p_k``.
 
@@ -256,12 +259,14 @@ def generalized_velocity(system: MechanicalSystem, state: VIState) -> jax.Array:
     return _flat_call(_velocity_batch, state.time.shape, system, state.q, state.p, state.qdot, state.time)
 
 
+@full_precision
 def energy(system: MechanicalSystem, state: VIState) -> jax.Array:
     r"""Energy ``E = qdot · ∂L/∂qdot - L`` (…,), J, at the node, with ``qdot`` from
     :func:`generalized_velocity`."""
     return _flat_call(_energy_batch, state.time.shape, system, state.q, state.p, state.qdot, state.time)
 
 
+@full_precision
 def momentum_map(system: MechanicalSystem, state: VIState, generator: Callable) -> jax.Array:
     r"""Discrete momentum map ``J = p_k · xi_Q(q_k)`` for a symmetry with generator ``xi_Q``.
 

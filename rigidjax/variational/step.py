@@ -18,7 +18,7 @@ from .. import newton
 from ..info import Status, StepInfo, make_info, rotation_status, step_status
 from ..linalg import METHODS, lu_factor_small, lu_solve_small
 from ..linalg import singular as linalg_singular
-from ..numerics import as_float, check_kinds, where_tree
+from ..numerics import as_float, check_kinds, full_precision, where_tree
 from ..stepper import AbstractStepper, PackedStep, check_options, make
 from .packed import free_body_packed_step
 from .system import (
@@ -40,6 +40,7 @@ from .system import (
 __all__ = ["MidpointVI", "vi_step", "del_residual", "discrete_map"]
 
 
+@full_precision
 def del_residual(system: MechanicalSystem, x, q1, p1, u, rho, t1, dt, forcing_split: str = "left") -> jax.Array:
     r"""Residual ``(n_dynamic + n_constraints,)`` of the constrained DEL equation.
 
@@ -229,6 +230,7 @@ class MidpointVI(AbstractStepper):
         if int(self.max_iterations) < 1:
             raise ValueError(f"max_iterations must be >= 1; got {self.max_iterations}")
 
+    @full_precision
     def __call__(self, system: MechanicalSystem, state: VIState, inputs: Any, dt) -> tuple[VIState, StepInfo]:
         check_kinds("vi_step", system, MechanicalSystem)
         _check_vi_state(state)
@@ -304,6 +306,7 @@ def vi_step(system: MechanicalSystem, state: VIState, inputs: Any, dt, **options
 vi_step.stepper = MidpointVI
 
 
+@full_precision
 def discrete_map(
     system: MechanicalSystem,
     q1,

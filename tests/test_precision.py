@@ -1,0 +1,102 @@
+"""Every matrix product the public physics entry points trace runs at full precision.
+
+GPUs that round float32 matmul inputs to TF32 by default (NVIDIA Ampere and later) lose about
+three digits in the 3x3 / 4x4 products of the Euler-parameter and variational code (measured on
+one H200, jax 0.11.2: ``ep.initial_state`` 4.9e-4 rad/s off at |omega| = 2 rad/s in float32,
+against 6e-8 at full precision). The CPU computes every precision alike, so the check here is
+structural: in the traced program no ``dot_general`` is left at the default precision (``None``),
+which is exactly what the GPU would lower to TF32. A user's own Lagrangian is included: it is
+traced inside the step.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.extend.core import ClosedJaxpr, Jaxpr
+
+import rigidjax as rj
+from rigidjax import euler_parameters as ep
+from rigidjax import systems
+from rigidjax.ensemble import ensemble_rollout
+from rigidjax.variational import MechanicalSystem, vi_state, vi_step
+
+F32 = jnp.float32
+
+
+def _dots(jaxpr, acc):
+    """The ``precision`` parameter of every ``dot_general`` in ``jaxpr`` and its sub-programs."""
+    jaxpr = jaxpr.jaxpr if isinstance(jaxpr, ClosedJaxpr) else jaxpr
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            acc.append(eqn.params["precision"])
+        for p in eqn.params.values():
+            for x in p if isinstance(p, (list, tuple)) else [p]:
+                if isinstance(x, (ClosedJaxpr, Jaxpr)):
+                    _dots(x, acc)
+    return acc
+
+
+def _body():
+    return rj.RigidBody(jnp.asarray(1.0, F32), jnp.asarray(np.diag([1.0, 2.0, 3.0]), F32))
+
+
+class _UserLagrangian(eqx.Module):
+    """A spherical pendulum written with ``@`` products, as a user would."""
+
+    def __call__(self, q, qdot, t):
+        I = jnp.diag(jnp.asarray([1.0, 2.0, 3.0], q.dtype))
+        return 0.5 * qdot @ (I @ qdot) - 9.81 * q[-1]
+
+
+def _cases():
+    body = _body()
+    w = jnp.asarray([0.3, 2.0, -0.1], F32)
+    epm = ep.EPModel(body)
+    eps = ep.initial_state(epm, angular_velocity=w[None])
+    vis = systems.rigid_body(body)
+    vs = systems.rigid_body_vi_state(vis, rj.RigidBodyState(angular_velocity=w))
+    user = MechanicalSystem(_UserLagrangian(), 3, constraints=lambda q: jnp.atleast_1d((q @ q - 1.0) / 2))
+    us = vi_state(user, jnp.asarray([0.0, 0.6, -0.8], F32), jnp.asarray([0.0, 0.8, 0.6], F32), check=False)
+    ens = jax.tree_util.tree_map(lambda a: jnp.stack([a, a]), eps)
+    return {
+        "ep.initial_state": (lambda w: ep.initial_state(epm, angular_velocity=w[None]), w),
+        "ep.output": (lambda s: ep.output(epm, s, "AngularVelocityLocal"), eps),
+        "ep.energy": (lambda s: ep.energy(epm, s), eps),
+        "ep_step": (lambda s: ep.ep_step(epm, s, None, 1e-3), eps),
+        "rigid_body_vi_state": (
+            lambda w: systems.rigid_body_vi_state(vis, rj.RigidBodyState(angular_velocity=w), check=False),
+            w,
+        ),
+        "rigid_body_state": (lambda s: systems.rigid_body_state(vis, s), vs),
+        "vi_step": (lambda s: vi_step(vis, s, None, 1e-3), vs),
+        "vi_step (user Lagrangian)": (lambda s: vi_step(user, s, None, 1e-3), us),
+        "rollout (user Lagrangian)": (lambda s: rj.rollout(vi_step, user, s, 1e-3, 3), us),
+        "ensemble_rollout (EP)": (
+            lambda s: ensemble_rollout(ep.ep_step, epm, s, 1e-3, 3, model_batched=False),
+            ens,
+        ),
+    }
+
+
+CASES = _cases()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_no_matrix_product_at_default_precision(name):
+    fn, arg = CASES[name]
+    precisions = _dots(jax.make_jaxpr(fn)(arg), [])
+    left = [p for p in precisions if p is None]
+    assert not left, f"{name}: {len(left)} of {len(precisions)} dot_general at the default precision"
+
+
+def test_the_precision_is_scoped_to_the_call():
+    """The entry points set no global flag: after a call, the caller's default is back."""
+    fn, arg = CASES["ep.initial_state"]
+    assert jax.config.jax_default_matmul_precision is None
+    fn(arg)
+    assert jax.config.jax_default_matmul_precision is None
+    with jax.default_matmul_precision("bfloat16"):
+        fn(arg)
+        assert jax.config.jax_default_matmul_precision == "bfloat16"
