@@ -1117,7 +1117,30 @@ def test_step_error_check_refines_to_the_fine_step_estimate():
     reported = identify.fit(coarse, starts=1, step_check="report")
     assert reported.substeps == 1 and np.max(reported.step_shift) > 0.3
     assert reported.status == identify.FitStatus.STEP_ERROR and "raise Problem.substeps" in reported.message
-    assert fine.step_shift.size == 0 and fine.substeps == 32
+    assert fine.step_shift.size == 0 and fine.substeps == 32 and np.isnan(fine.step_rms)
+    # step_delta, signed: where the exact model's estimate lies. Against the fine fit: the
+    # midpoint rule is second order, so the Richardson factor 2 (p = 1, an upper bound)
+    # overstates the move by 2 / (4/3) = 1.5; first-order linearisation and the fine fit's
+    # own step error (1/1024 of the coarse one) leave well under 10 %.
+    moved = np.concatenate([np.ravel(fine.values[k]) - np.ravel(reported.values[k]) for k in ("length", "damping")])
+    delta = np.asarray(reported.step_delta)[: moved.size]
+    np.testing.assert_allclose(delta / 1.5, moved, rtol=0.1)
+    # step_rms: the step error of the fitted model's signal itself, from rollouts at 1 and at
+    # 32 steps per sample at the reported optimum (sigma 1 mrad), times the same 1.5
+    from rigidjax.variational import vi_state
+
+    sq, dt = 0.0, problem.segments[0].t[1] - problem.segments[0].t[0]
+    for z in np.asarray(reported.initial):
+        th = []
+        for k in (1, 32):
+            s0 = vi_state(reported.model, z[:1], z[1:2], check=False)
+            tr_ = rj.rollout(rj.MidpointVI(forcing_split="symmetric"), reported.model, s0, dt / k, 299 * k)
+            th.append(np.asarray(tr_.states.q)[::k, 0])
+        sq += np.sum(((th[0] - th[1]) / 1e-3) ** 2)
+    true_rms = np.sqrt(sq / reported.measured)
+    assert abs(reported.step_rms / (1.5 * true_rms) - 1) < 0.1, (reported.step_rms, true_rms)
+    d = reported.to_dict()
+    assert len(d["step_delta"]) == len(d["step_shift"]) and d["step_rms"] == reported.step_rms
     assert f.to_dict()["substeps"] == f.substeps
     with pytest.raises(ValueError, match="step_check"):
         identify.fit(coarse, step_check="yes")

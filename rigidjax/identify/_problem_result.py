@@ -59,7 +59,10 @@ class ProblemFit:
             or more after the step-error check doubled them).
         step_shift: per value (``names`` order), how far the stepper's error at ``substeps``
             moves it, in standard errors (:mod:`rigidjax.identify._step_error`); empty when
-            the check was not run.
+            the check was not run. ``step_delta``: the same move, signed, in the values' units
+            (the exact model's estimate minus the fitted one, to first order); ``step_rms``:
+            the RMS of the step-error estimate over the measured values, in units of their
+            ``sigma`` (NaN when the check was not run or a step failed at twice the steps).
     """
 
     status: FitStatus
@@ -87,6 +90,8 @@ class ProblemFit:
     initial_se: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0)))
     covariance_classical: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0)))
     measured: int | None = None
+    step_delta: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    step_rms: float = float("nan")
 
     @property
     def too_few(self) -> bool:
@@ -97,8 +102,9 @@ class ProblemFit:
     def to_dict(self) -> dict:
         """JSON-ready: status, message, values and standard errors (the reported and the
         classical ones; lists), sensor parameters, initial unknowns, cost, RMS, the covariance
-        with its names, the optimiser's counts, the step check's ``substeps`` and
-        ``step_shift``, and the unknown vector ``x`` (non-finite numbers as ``null``)."""
+        with its names, the optimiser's counts, the step check's ``substeps``, ``step_shift``,
+        ``step_delta`` and ``step_rms``, and the unknown vector ``x`` (non-finite numbers as
+        ``null``)."""
 
         def clean(a):
             a = np.asarray(a, float)
@@ -131,6 +137,8 @@ class ProblemFit:
             "decrement": clean(self.decrement),
             "substeps": list(self.substeps) if isinstance(self.substeps, tuple) else int(self.substeps),
             "step_shift": clean(self.step_shift),
+            "step_delta": clean(self.step_delta),
+            "step_rms": clean(self.step_rms),
             "x": clean(self.x),
         }
 

@@ -55,8 +55,8 @@ SHRINK_MIN = 0.75
 RICHARDSON = 2.0
 
 
-def shift(r_k: np.ndarray, r_2k: np.ndarray, J: np.ndarray, x: np.ndarray, values, se: np.ndarray) -> np.ndarray:
-    """The shift of every fitted value caused by the step error, in standard errors.
+def shift(r_k: np.ndarray, r_2k: np.ndarray, J: np.ndarray, x: np.ndarray, values, se: np.ndarray, measured=None):
+    """What the step error does to the fitted values.
 
     Args:
         r_k: ``(m,)`` weighted residuals at ``x`` with the fit's steps; ``r_2k``: with twice
@@ -65,16 +65,23 @@ def shift(r_k: np.ndarray, r_2k: np.ndarray, J: np.ndarray, x: np.ndarray, value
         x: ``(P,)`` the optimum.
         values: ``values(x) -> (V,)`` the flattened fitted values (model then sensor).
         se: ``(V,)`` their standard errors (inf where undetermined).
+        measured: the number of measured residual components (the RMS's denominator;
+            default ``m``).
 
     Returns:
-        ``(V,)`` ``|v(x + dx) - v(x)| / se`` (0 where ``se`` is inf or 0).
+        ``(shift, delta, rms)``: ``shift`` ``(V,)`` ``|v(x + dx) - v(x)| / se`` (0 where ``se``
+        is inf or 0); ``delta`` ``(V,)`` the signed ``v(x + dx) - v(x)`` in the values' units
+        (where the exact model's estimate lies from the fitted one, to first order); ``rms``
+        the RMS of the step-error estimate ``e`` over the measured residual components, in
+        units of their ``sigma``.
     """
     e = RICHARDSON * (np.asarray(r_k, float) - np.asarray(r_2k, float))
     dx = np.linalg.lstsq(J, e, rcond=1e-12)[0]
-    dv = np.abs(np.asarray(values(x + dx), float) - np.asarray(values(x), float))
+    delta = np.asarray(values(x + dx), float) - np.asarray(values(x), float)
     se = np.asarray(se, float)
     ok = np.isfinite(se) & (se > 0)
-    return np.where(ok, dv / np.where(ok, se, 1.0), 0.0)
+    m = e.size if measured is None else max(int(measured), 1)
+    return np.where(ok, np.abs(delta) / np.where(ok, se, 1.0), 0.0), delta, float(np.sqrt(np.sum(e**2) / m))
 
 
 def finer_caller(problems, layout, dtype, N, rows: int | None = None):
@@ -98,10 +105,10 @@ def finer_caller(problems, layout, dtype, N, rows: int | None = None):
     return at
 
 
-def _step_shift(problem, layout, out, run, x, dtype, N, finer=None, shape=None) -> np.ndarray:
-    """:func:`rigidjax.identify.shift` of every fitted value at ``x`` (segments padded to ``N``;
-    ``finer``: ``(r_2k, ok)`` at ``x`` where already evaluated, see :func:`finer_caller`;
-    ``shape``: see :func:`refine_steps`)."""
+def _step_shift(problem, layout, out, run, x, dtype, N, finer=None, shape=None) -> tuple:
+    """:func:`shift` at ``x``, ``(shift, delta, rms)`` (NaN where a step failed at twice the
+    steps; segments padded to ``N``; ``finer``: ``(r_2k, ok)`` at ``x`` where already
+    evaluated, see :func:`finer_caller`; ``shape``: see :func:`refine_steps`)."""
     r_k, _, J = run(x[None])
     if finer is None:
         copies, rows = shape or (1, None)
@@ -109,9 +116,10 @@ def _step_shift(problem, layout, out, run, x, dtype, N, finer=None, shape=None) 
         finer = (r_2k[0], bool(ok[0]))
     r_2k, ok = finer
     if not ok:
-        return np.full(len(out.names), np.nan)
+        return np.full(len(out.names), np.nan), np.full(len(out.names), np.nan), float("nan")
     se = np.sqrt(np.maximum(np.diag(out.covariance), 0))
-    return shift(r_k[0], np.asarray(r_2k, float), J[0], x, flat_values_of(problem, layout, dtype), se)
+    values = flat_values_of(problem, layout, dtype)
+    return shift(r_k[0], np.asarray(r_2k, float), J[0], x, values, se, out.measured)
 
 
 def refine_steps(
@@ -134,8 +142,9 @@ def refine_steps(
     moves a value by more than ``STEP_SHIFT_MAX`` standard errors, double ``substeps`` (at most
     ``MAX_DOUBLINGS`` times; none without ``refine``) and refit from the optimum (one start:
     the multi-start search was done). Returns ``(out, x, g)`` of the last fit, with
-    ``substeps`` and ``step_shift``. ``finer``: the residuals at twice the steps at ``x`` where
-    already evaluated (:func:`finer_caller`). ``progress``: the fit's (after every iteration).
+    ``substeps``, ``step_shift``, ``step_delta`` and ``step_rms``. ``finer``: the residuals at
+    twice the steps at ``x`` where already evaluated (:func:`finer_caller`). ``progress``: the
+    fit's (after every iteration).
     ``shape``: ``(problems, rows per call)`` of the fit's program (the sub-steps are data):
     the refits and checks at other steps then run through that program with this problem in every row of its data (the
     same shapes: no trace or compilation; a 32-row call per iteration, ~7 ms for the racquet
@@ -144,14 +153,14 @@ def refine_steps(
     first, previous, roundoff = out, np.inf, False
     se_first = _se(first)
     for doubling in range(MAX_DOUBLINGS + 1):
-        shift = _step_shift(problem, layout, out, run, x, dtype, N, finer if doubling == 0 else None, shape)
+        shift, delta, rms = _step_shift(problem, layout, out, run, x, dtype, N, finer if doubling == 0 else None, shape)
         worst = int(np.nanargmax(shift)) if np.any(np.isfinite(shift)) else 0
         # the shift itself (not in this fit's standard errors, which shrink with the model
         # error they contain), in the first fit's standard errors: a fixed scale
         se_now = _se(out)
         ok = np.isfinite(se_now) & np.isfinite(se_first) & (se_first > 0)
         moved = float(np.max(np.where(ok, shift * np.where(ok, se_now, 0.0) / np.where(ok, se_first, 1.0), shift)))
-        out = dataclasses.replace(out, substeps=problem.substeps, step_shift=shift)
+        out = dataclasses.replace(out, substeps=problem.substeps, step_shift=shift, step_delta=delta, step_rms=rms)
         if not np.all(np.isfinite(shift)):
             why = f"a step failed at substeps={doubled(problem.substeps)}"
             out = dataclasses.replace(out, message=f"{out.message}; no step-error check ({why})")
