@@ -152,3 +152,23 @@ def test_window_problems_refuse_what_fit_inertia_refuses():
         recipes.window_problems((t * 1000, omega))
     (p,) = recipes.window_problems((t, omega), tensor=True, drag="diagonal", bias=True)
     assert set(p.parameters) == {"ratios", "drag"} and p.observations[0].bias
+
+
+def test_window_problems_of_a_rod_like_window_start_inside_the_search():
+    """A window whose equation-error guess is rod-like (here I = diag(1, 1e-4, 1.3): ratios
+    ~1.25e4, beyond the search's 1e4) starts just inside the edge: the fit runs and judges it
+    (not converged) where the start was refused before ("not a physical body ... beyond the
+    search"), for the principal moments and the tensor alike."""
+    from rigidjax.reference import euler_omega
+
+    t = np.arange(200) * 0.005
+    w = euler_omega(np.array([1.0, 1e-4, 1.3]), np.array([1.0, 0.3, 2.0]), t)
+    w = w + 1e-3 * np.random.default_rng(0).standard_normal(w.shape)
+    for tensor in (False, True):
+        (p,) = recipes.window_problems((t, w), tensor=tensor)
+        ratios = p.parameters["ratios"]
+        u = ratios.transform.inverse(ratios.start)  # raised before
+        lo, hi = ratios.transform.bounds(None)
+        assert np.all(u[:2] >= lo[:2]) and np.all(u[:2] <= hi[:2]), u
+    f = identify.fit(recipes.window_problems((t, w))[0], starts=1)
+    assert f.status != identify.FitStatus.CONVERGED, f.message

@@ -51,7 +51,7 @@ from ._derived import FitError
 from ._stored import warn_at_caller
 from . import observations as obs
 from .problem import FreeBodyInitial, MeasuredSegment, Parameter, Problem
-from ._model import DRAG_KINDS, Spec, equation_error_guess, reference_rates, theta_chart
+from ._model import DRAG_KINDS, V_MAX, Spec, equation_error_guess, reference_rates, theta_chart
 from ._windows import REF_TOL, _as_segments, _initial_substeps, _recording_labels
 from ._result import FitStatus
 from .transforms import Box, MomentRatios, PrincipalMoments, Real, TensorRatios
@@ -429,7 +429,10 @@ def window_problems(segments, *, tensor: bool = False, drag: str | None = None, 
     for s, k in zip(segs, ks):
         theta = equation_error_guess([s], spec)
         xs, R = theta_chart(np.ones(spec.n_theta) if theta is None else theta, spec)
-        u, v = xs[0, :2]
+        # a rod-like guess (a moment ratio beyond V_MAX) starts just inside the search's edge
+        # (0.1 %: the tensor's ratios, re-normalised in its principal frame, stay inside), where
+        # the fit judges it; beyond the edge MomentRatios / TensorRatios refuse the start
+        u, v = xs[0, 0], min(xs[0, 1], 0.999 * V_MAX)
         moments = np.array([v + 1 - u, 1.0, u + v])
         inertia = R[0] @ np.diag(moments) @ R[0].T  # I_2 = 1
         params = {}
