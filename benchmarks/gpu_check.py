@@ -26,8 +26,11 @@ Sections, in this order (each one's failure is recorded and the script goes on):
    over the members; a check passes when float32 at the DEFAULT precision is within
    :data:`TOLERANCE` (ten times the largest float32 error measured on CPU, 2-core VM,
    2026-12-02: round-off, the Newton steppers' float32 stopping tolerance, no matmul
-   shortcut there). ``highest/default`` shows whether the device's default precision costs
-   accuracy. On an accelerator the float64 midpoint rollout is also run on the host CPU
+   shortcut there). The library traces its matrix products at ``'highest'`` whatever the
+   caller's default (:func:`rigidjax.numerics.full_precision`), so ``highest/default`` is 1
+   unless a product escapes that (a regression: one did, TF32 on an H200, before it); the
+   whole float32 pipeline (initial states, rollout, outputs) runs under the precision
+   tried. On an accelerator the float64 midpoint rollout is also run on the host CPU
    (``cpu_vs_device``: identical programs up to round-off, tolerance 1e-9 rad/s). A
    512 x 512 float32 matmul against float64 (``matmul_probe``) says whether TF32 is active.
 3. **Fit** of all shared racquet flips: :func:`rigidjax.identify.fit_inertia` per window

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import so3
-from .numerics import as_float, check_finite, check_kinds, is_concrete
+from .numerics import as_float, check_finite, check_kinds, full_precision, is_concrete
 
 __all__ = [
     "check_step_inputs",
@@ -310,6 +310,7 @@ def _apply(inertia, w):
     return jnp.einsum("...ij,...j->...i", inertia, w)
 
 
+@full_precision
 def kinetic_energy(body: RigidBody, state: RigidBodyState) -> jax.Array:
     """Kinetic energy ``m|v|^2/2 + omega.I omega/2`` (…,), J."""
     w = state.angular_velocity
@@ -317,11 +318,13 @@ def kinetic_energy(body: RigidBody, state: RigidBodyState) -> jax.Array:
     return 0.5 * body.mass * jnp.sum(state.velocity**2, -1) + rot
 
 
+@full_precision
 def angular_momentum_body(body: RigidBody, state: RigidBodyState) -> jax.Array:
     """Angular momentum about the centre of mass in the BODY frame, ``I omega``, (…, 3), kg m^2/s."""
     return _apply(body.inertia, state.angular_velocity)
 
 
+@full_precision
 def angular_momentum(body: RigidBody, state: RigidBodyState) -> jax.Array:
     """Angular momentum about the centre of mass in the WORLD frame, ``R I omega``, (…, 3).
 

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .numerics import as_float, check_finite, is_concrete
+from .numerics import as_float, check_finite, full_precision, is_concrete
 from .body import RigidBody
 
 __all__ = [
@@ -79,6 +79,7 @@ def _check_semidefinite(J, name="inertia", rtol=1e-9):
         )
 
 
+@full_precision
 def parallel_axis(mass, inertia, d) -> jax.Array:
     r"""Inertia (3, 3) about a point at ``-d`` from the centre of mass: ``I + m (|d|^2 E - d d^T)``.
 

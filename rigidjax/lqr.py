@@ -25,13 +25,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .numerics import where_tree
+from .numerics import full_precision, where_tree
 from .info import FAILURES, StepInfo
 from .variational import MechanicalSystem, VIState, join_state, vi_step
 
 __all__ = ["lqr_gains", "closed_loop_rollout"]
 
 
+@full_precision
 def lqr_gains(A, B, Q, R, Qf=None) -> tuple[jax.Array, jax.Array]:
     r"""Time-varying LQR gains by the backward discrete Riccati recursion.
 
@@ -78,6 +79,7 @@ def _riccati(A, B, Q, R, Qf):
     return K, jnp.concatenate([P, Qf[None]], 0)
 
 
+@full_precision
 def closed_loop_rollout(
     system: MechanicalSystem,
     state0: VIState,

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import jaxlie
 from jaxlie.utils import get_epsilon
 
-from .numerics import safe_sqrt
+from .numerics import full_precision, safe_sqrt
 
 __all__ = [
     "identity",
@@ -91,6 +91,7 @@ def normalize(q: jax.Array) -> jax.Array:
     return q / jnp.linalg.norm(q, axis=-1, keepdims=True)
 
 
+@full_precision
 def multiply(p: jax.Array, q: jax.Array) -> jax.Array:
     """Hamilton product ``p ⊗ q`` of quaternions (…, 4); ``R(p ⊗ q) = R(p) R(q)``."""
     p, q = jnp.broadcast_arrays(jnp.asarray(p), jnp.asarray(q))
@@ -102,6 +103,7 @@ def conjugate(q: jax.Array) -> jax.Array:
     return _so3(q).inverse().wxyz
 
 
+@full_precision
 def rotate(q: jax.Array, v: jax.Array) -> jax.Array:
     """Rotate vectors ``v`` (…, 3) by ``q`` (…, 4): ``R(q) v``, body to world."""
     q, v = jnp.asarray(q), jnp.asarray(v)
@@ -111,17 +113,20 @@ def rotate(q: jax.Array, v: jax.Array) -> jax.Array:
     return _so3(q) @ v
 
 
+@full_precision
 def to_matrix(q: jax.Array) -> jax.Array:
     """Rotation matrix (…, 3, 3) of a unit quaternion (…, 4), body to world."""
     return _so3(q).as_matrix()
 
 
+@full_precision
 def from_matrix(R: jax.Array) -> jax.Array:
     """Unit quaternion (…, 4), ``w >= 0``, of a rotation matrix (…, 3, 3)."""
     q = jaxlie.SO3.from_matrix(jnp.asarray(R)).wxyz
     return jnp.where(q[..., :1] < 0, -q, q)
 
 
+@full_precision
 def exp(phi: jax.Array) -> jax.Array:
     """Exponential map: rotation vector ``phi`` (…, 3), rad, to a unit quaternion (…, 4).
 
@@ -130,6 +135,7 @@ def exp(phi: jax.Array) -> jax.Array:
     return jaxlie.SO3.exp(jnp.asarray(phi)).wxyz
 
 
+@full_precision
 def log(q: jax.Array) -> jax.Array:
     """Logarithm: unit quaternion (…, 4) to the rotation vector (…, 3), angle in [0, pi].
 
@@ -184,6 +190,7 @@ def angle(q: jax.Array) -> jax.Array:
     return 2 * jnp.arctan2(s, jnp.abs(q[..., 0]))
 
 
+@full_precision
 def angle_between(p: jax.Array, q: jax.Array) -> jax.Array:
     """Angle (…,), rad, of the relative rotation ``p^-1 ⊗ q``; the attitude error metric."""
     return angle(multiply(conjugate(p), q))
@@ -194,6 +201,7 @@ def _safe_atan2(y, x):
     return jnp.where(ok, jnp.arctan2(jnp.where(ok, y, 0), jnp.where(ok, x, 1)), 0)
 
 
+@full_precision
 def to_tait_bryan_xyz(q: jax.Array) -> jax.Array:
     """Tait-Bryan angles (…, 3), rad, xyz sequence: ``R = R_x(phi0) R_y(phi1) R_z(phi2)``.
 
@@ -216,6 +224,7 @@ def to_tait_bryan_xyz(q: jax.Array) -> jax.Array:
     return jnp.stack([phi0, phi1, phi2], -1)
 
 
+@full_precision
 def from_tait_bryan_xyz(phi: jax.Array) -> jax.Array:
     """Unit quaternion (…, 4) of Tait-Bryan xyz angles (…, 3), see :func:`to_tait_bryan_xyz`."""
     phi = jnp.asarray(phi)

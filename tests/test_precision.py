@@ -18,9 +18,10 @@ from jax.extend.core import ClosedJaxpr, Jaxpr
 
 import rigidjax as rj
 from rigidjax import euler_parameters as ep
-from rigidjax import systems
+from rigidjax import lqr, so3, systems
+from rigidjax.midpoint.equations import gyroscopic_jacobian
 from rigidjax.ensemble import ensemble_rollout
-from rigidjax.variational import MechanicalSystem, vi_state, vi_step
+from rigidjax.variational import MechanicalSystem, discrete_lagrangian, vi_state, vi_step
 
 F32 = jnp.float32
 
@@ -60,7 +61,27 @@ def _cases():
     user = MechanicalSystem(_UserLagrangian(), 3, constraints=lambda q: jnp.atleast_1d((q @ q - 1.0) / 2))
     us = vi_state(user, jnp.asarray([0.0, 0.6, -0.8], F32), jnp.asarray([0.0, 0.8, 0.6], F32), check=False)
     ens = jax.tree_util.tree_map(lambda a: jnp.stack([a, a]), eps)
+    ms = rj.RigidBodyState(angular_velocity=w)
+    q = jnp.asarray([0.9, 0.1, -0.3, 0.3], F32) / jnp.linalg.norm(jnp.asarray([0.9, 0.1, -0.3, 0.3], F32))
+    A = jnp.tile(jnp.eye(4, dtype=F32), (3, 1, 1))
+    lqr_args = (jnp.ones((3, 4, 2), F32), jnp.eye(4, dtype=F32), jnp.eye(2, dtype=F32))
     return {
+        "kinetic_energy": (lambda s: rj.kinetic_energy(body, s), ms),
+        "angular_momentum": (lambda s: rj.angular_momentum(body, s), ms),
+        "so3.rotate": (lambda q: so3.rotate(q, w), q),
+        "so3.to_matrix": (so3.to_matrix, q),
+        "so3.multiply": (lambda q: so3.multiply(q, q), q),
+        "gyroscopic_jacobian": (lambda w: gyroscopic_jacobian(body.inertia, w), w),
+        "lqr_gains": (lambda A: lqr.lqr_gains(A, *lqr_args), A),
+        "discrete_lagrangian": (lambda s: discrete_lagrangian(user, s.q, s.q * 0.99, 0.0, 1e-3), us),
+        "grad of rollout (user Lagrangian)": (
+            jax.grad(lambda s: jnp.sum(rj.rollout(vi_step, user, s, 1e-3, 3).states.q[-1] ** 2)),
+            us,
+        ),
+        "grad of ep rollout": (
+            jax.grad(lambda s: jnp.sum(rj.rollout(ep.ep_step, epm, s, 1e-3, 3).states.velocities[-1] ** 2)),
+            eps,
+        ),
         "ep.initial_state": (lambda w: ep.initial_state(epm, angular_velocity=w[None]), w),
         "ep.output": (lambda s: ep.output(epm, s, "AngularVelocityLocal"), eps),
         "ep.energy": (lambda s: ep.energy(epm, s), eps),

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from ..body import RigidBody
 from ..numerics import (
+    full_precision,
     block,
     comps,
     cross,
@@ -35,11 +36,13 @@ def _apply(A, x):
     return jnp.einsum("...ij,...j->...i", A, x)
 
 
+@full_precision
 def gyroscopic_term(inertia: jax.Array, omega: jax.Array) -> jax.Array:
     """``omega × (I omega)`` (…, 3), N m; ``inertia`` (…, 3, 3) body frame, ``omega`` (…, 3) body, rad/s."""
     return jnp.cross(omega, _apply(inertia, omega))
 
 
+@full_precision
 def gyroscopic_jacobian(inertia: jax.Array, omega: jax.Array) -> jax.Array:
     r"""``K = ∂(-omega × I omega)/∂omega = hat(I omega) - hat(omega) I``, (…, 3, 3).
 

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..numerics import as_float
+from ..numerics import as_float, full_precision
 
 __all__ = ["MechanicalSystem", "VIState", "discrete_lagrangian"]
 
@@ -250,6 +250,7 @@ def _kin(system, x):
 # --------------------------------------------------------------------------- DEL equation
 
 
+@full_precision
 def discrete_lagrangian(system: MechanicalSystem, q1, q2, t1, t2) -> jax.Array:
     r"""Midpoint discrete Lagrangian ``L_d = dt L((q1+q2)/2, (q2-q1)/dt, (t1+t2)/2)``, J s; ``q`` (n,)."""
     dt = t2 - t1
