@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import so3
-from .numerics import as_float, check_finite, check_kinds, full_precision, is_concrete
+from .numerics import as_float, check_finite, check_kinds, check_step_dt, full_precision, is_concrete
 
 __all__ = [
     "check_step_inputs",
@@ -300,10 +300,7 @@ def check_step_inputs(body: RigidBody, state: RigidBodyState, wrench, dt, where:
             f"{where}: body has ensemble shape {b_batch} but state has {s_batch}; give the state the same "
             "leading axes, or jax.vmap over bodies and states together"
         )
-    if is_concrete(dt):
-        d = np.asarray(dt)
-        if not np.all(np.isfinite(d)) or np.any(d <= 0):
-            raise ValueError(f"{where}: dt must be finite and > 0 s; got {d}")
+    check_step_dt(dt, where)
 
 
 def _apply(inertia, w):

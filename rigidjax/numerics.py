@@ -65,6 +65,15 @@ def as_float(x, name: str, dtype=None) -> jax.Array:
     return a
 
 
+def check_step_dt(dt, where: str) -> None:
+    """``ValueError`` where ``dt`` (s) is concrete and not finite and > 0 (a step's boundary
+    check; a traced ``dt`` is the step's ``Status.INVALID_INPUT`` instead)."""
+    if is_concrete(dt):
+        d = np.asarray(dt)
+        if not np.all(np.isfinite(d)) or np.any(d <= 0):
+            raise ValueError(f"{where}: dt must be finite and > 0 s; got {d}")
+
+
 def check_finite(a, name: str) -> None:
     """``ValueError`` naming ``name`` where a concrete ``a`` holds NaN or inf (traced: no check)."""
     if is_concrete(a) and not np.all(np.isfinite(np.asarray(a))):

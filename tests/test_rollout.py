@@ -383,3 +383,30 @@ def test_status_carries_start_batched():
     with pytest.raises(ValueError, match="out_axes"):
         jax.vmap(lambda r: zeros_like_batch(r), out_axes=None)(x)
     jax.vmap(lambda r: jnp.zeros((), jnp.int32), out_axes=None)(x)  # what jnp.zeros gives: unbatched
+
+
+@pytest.mark.parametrize("name", ["midpoint", "ep", "vi"])
+@pytest.mark.parametrize("dt", [0.0, -1e-3, float("nan")])
+def test_every_step_refuses_a_concrete_bad_dt(name, dt):
+    """A concrete ``dt`` that is not finite and > 0 is a ``ValueError`` at each step's boundary
+    (the Euler-parameter and variational steps returned ``INVALID_INPUT`` silently before);
+    traced, it is the member's ``INVALID_INPUT`` and the state is held."""
+    from rigidjax import euler_parameters as ep
+    from rigidjax import systems
+    from rigidjax.info import Status
+
+    body = rj.RigidBody(1.0, jnp.diag(jnp.array([1.0, 2.0, 3.0])))
+    s = rj.RigidBodyState(angular_velocity=jnp.array([0.1, 2.0, 0.0]))
+    if name == "midpoint":
+        step, model = rj.midpoint_step, body
+    elif name == "ep":
+        step, model = ep.ep_step, ep.EPModel(body)
+        s = ep.initial_state(model, angular_velocity=s.angular_velocity[None])
+    else:
+        step, model = rj.vi_step, systems.rigid_body(body)
+        s = systems.rigid_body_vi_state(model, s)
+    with pytest.raises(ValueError, match=r"dt must be finite and > 0 s"):
+        step(model, s, None, dt)
+    new, info = jax.jit(lambda d: step(model, s, None, d))(dt)
+    assert int(info.status) == Status.INVALID_INPUT
+    assert all(jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda a, b: bool(jnp.all(a == b)), new, s)))

@@ -13,7 +13,7 @@ from .. import newton, so3
 from ..info import Status, StepInfo, make_info, rotation_status, step_status
 from ..linalg import METHODS, lu_factor_small, lu_solve_small
 from ..linalg import singular as linalg_singular
-from ..numerics import check_kinds, full_precision, where_tree
+from ..numerics import check_kinds, check_step_dt, full_precision, where_tree
 from ..stepper import AbstractStepper, PackedStep, check_options, make
 from .equations import (
     _check_state_shape,
@@ -80,7 +80,7 @@ class GeneralizedAlphaEP(AbstractStepper):
             the velocities first order in ``dt`` (a compound pendulum under a torque held per
             5 ms interval: ``r_k - r_2k`` halves per doubling of the steps; with a constant
             torque and consistent initial accelerations it quarters).
-        dt: step, s (> 0; checked by :func:`rigidjax.rollout` where concrete; a traced
+        dt: step, s (> 0; ``ValueError`` where concrete, here and in :func:`rigidjax.rollout`; a traced
             ``dt <= 0`` or NaN gives ``Status.INVALID_INPUT``, state unchanged).
 
     Returns:
@@ -129,6 +129,7 @@ class GeneralizedAlphaEP(AbstractStepper):
     def __call__(self, model: EPModel, state: EPState, inputs: jax.Array | None, dt) -> tuple[EPState, StepInfo]:
         check_kinds("ep_step", model, EPModel, state, EPState)
         _check_state_shape(model, state)
+        check_step_dt(dt, "ep_step")
         stabilized, torque_frame = self.stabilized, self.torque_frame
         dtype = state.coordinates.dtype
         rtol = _default_tol(dtype) if self.rtol is None else float(self.rtol)

@@ -18,7 +18,7 @@ from .. import newton
 from ..info import Status, StepInfo, make_info, rotation_status, step_status
 from ..linalg import METHODS, lu_factor_small, lu_solve_small
 from ..linalg import singular as linalg_singular
-from ..numerics import as_float, check_kinds, full_precision, where_tree
+from ..numerics import as_float, check_kinds, check_step_dt, full_precision, where_tree
 from ..stepper import AbstractStepper, PackedStep, check_options, make
 from .packed import free_body_packed_step
 from .system import (
@@ -182,7 +182,7 @@ class MidpointVI(AbstractStepper):
         inputs: ``u`` ``(…, n_inputs)`` or ``None`` (zeros); for systems with kinematic
             variables the pair ``(u, rho)`` with ``rho`` ``(…, n_kinematic)`` the kinematic
             configuration at ``t_k + dt``. The force input is held over the step.
-        dt: step, s (> 0; checked where concrete, e.g. by :func:`rigidjax.rollout`; a traced
+        dt: step, s (> 0; ``ValueError`` where concrete, here and in :func:`rigidjax.rollout`; a traced
             ``dt <= 0`` or NaN gives ``Status.INVALID_INPUT``, state unchanged).
 
     Returns:
@@ -234,6 +234,7 @@ class MidpointVI(AbstractStepper):
     def __call__(self, system: MechanicalSystem, state: VIState, inputs: Any, dt) -> tuple[VIState, StepInfo]:
         check_kinds("vi_step", system, MechanicalSystem)
         _check_vi_state(state)
+        check_step_dt(dt, "vi_step")
         dtype = state.q.dtype
         _check_last(state.q, system.n_config, "vi_step: state.q")
         _check_last(state.p, system.n_dynamic, "vi_step: state.p")
