@@ -31,7 +31,8 @@ Sections, in this order (each one's failure is recorded and the script goes on):
    unless a product escapes that (a regression: one did, TF32 on an H200, before it); the
    whole float32 pipeline (initial states, rollout, outputs) runs under the precision
    tried. On an accelerator the float64 midpoint rollout is also run on the host CPU
-   (``cpu_vs_device``: identical programs up to round-off, tolerance 1e-9 rad/s). A
+   (``cpu_vs_device``: identical programs up to round-off, tolerance 1e-9 rad/s), and every
+   stepper's float32 rollout too (``cpu_vs_device_f32``, reported). A
    512 x 512 float32 matmul against float64 (``matmul_probe``) says whether TF32 is active.
 3. **Fit** of all shared racquet flips: :func:`rigidjax.identify.fit_inertia` per window
    (its defaults; float64), cold (compilation included) and warm wall time, status,
@@ -265,13 +266,21 @@ def precision_row(stepper: str, N: int, on_accelerator: bool, highest: bool = Tr
         "first_call_s": compile_s,
     }
     row["ok"] = bool(row["converged"] and d32["omega"] <= tol["omega"] and d32["quaternion"] <= tol["quaternion"])
-    if on_accelerator and stepper == "midpoint":
-        cpu_run = _run_fn(stepper, "float64", n, devices=jax.devices("cpu")[:1])
+    if on_accelerator:
+        # the same programs on the host CPU (initial states, rollout and outputs there):
+        # float64 of the midpoint step to round-off (checked), float32 of each (reported: the
+        # device's float32 against the CPU's, where TF32 or other shortcuts would show)
         cpu0 = jax.devices("cpu")[0]
-        cpu_states, _ = jax.block_until_ready(cpu_run(jax.device_put(_random_states(stepper, "float64", N), cpu0)))
-        dc = _diff(_physical(stepper, "float64", cpu_states), out["float64"])
-        row["cpu_vs_device_omega"] = dc["omega"]
-        row["ok"] = row["ok"] and dc["omega"] <= CPU_VS_DEVICE_TOL
+        for dtype_name in ("float64", "float32") if stepper == "midpoint" else ("float32",):
+            with jax.default_device(cpu0):
+                cpu_run = _run_fn(stepper, dtype_name, n, devices=[cpu0])
+                cpu_states, _ = jax.block_until_ready(cpu_run(_random_states(stepper, dtype_name, N)))
+                dc = _diff(_physical(stepper, dtype_name, cpu_states), out[dtype_name])
+            if dtype_name == "float64":
+                row["cpu_vs_device_omega"] = dc["omega"]
+                row["ok"] = row["ok"] and dc["omega"] <= CPU_VS_DEVICE_TOL
+            else:
+                row["cpu_vs_device_f32_omega"] = dc["omega"]
     return row
 
 
@@ -358,6 +367,7 @@ PR_COLS = [
     "tol_omega",
     "tol_quaternion",
     "highest_over_default",
+    "cpu_vs_device_f32_omega",
     "ok",
 ]
 
