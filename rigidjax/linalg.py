@@ -49,7 +49,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .numerics import materialize, static_zero
+from .numerics import full_precision, materialize, static_zero
 
 #: Largest ``n`` solved by the unrolled elimination; larger systems by the rolled one. Chosen by
 #: measurement (module docstring): break-even with batched LAPACK near n = 10-12; one
@@ -350,6 +350,7 @@ def _solve(A, B, method):
 
 
 @_solve.defjvp
+@full_precision  # traced when a caller differentiates an already traced program
 def _solve_jvp(method, primals, tangents):
     A, B = primals
     dA, dB = tangents

@@ -66,10 +66,13 @@ def as_float(x, name: str, dtype=None) -> jax.Array:
 
 
 def check_step_dt(dt, where: str) -> None:
-    """``ValueError`` where ``dt`` (s) is concrete and not finite and > 0 (a step's boundary
-    check; a traced ``dt`` is the step's ``Status.INVALID_INPUT`` instead)."""
+    """``ValueError`` where ``dt`` (s) is concrete and not finite and > 0, ``TypeError`` where it
+    is not a number (``None``, a string, a bool): a step's boundary check; a traced ``dt`` out
+    of range is the step's ``Status.INVALID_INPUT`` instead."""
     if is_concrete(dt):
         d = np.asarray(dt)
+        if d.dtype == bool or not (np.issubdtype(d.dtype, np.integer) or np.issubdtype(d.dtype, np.floating)):
+            raise TypeError(f"{where}: dt must be a number of seconds (a float or an array of them); got {dt!r}")
         if not np.all(np.isfinite(d)) or np.any(d <= 0):
             raise ValueError(f"{where}: dt must be finite and > 0 s; got {d}")
 

@@ -155,20 +155,25 @@ def test_window_problems_refuse_what_fit_inertia_refuses():
 
 
 def test_window_problems_of_a_rod_like_window_start_inside_the_search():
-    """A window whose equation-error guess is rod-like (here I = diag(1, 1e-4, 1.3): ratios
-    ~1.25e4, beyond the search's 1e4) starts just inside the edge: the fit runs and judges it
-    (not converged) where the start was refused before ("not a physical body ... beyond the
-    search"), for the principal moments and the tensor alike."""
+    """A window whose equation-error guess is rod-like starts just inside the search's edge:
+    the fit runs and judges it (not converged) where before the start was refused ("not a
+    physical body ... beyond the search": I = diag(1, 1e-4, 1.3), ratios ~1.25e4 beyond the
+    search's 1e4) or could not be simulated (I = diag(1e-4, 1, 1): a vanishing moment), for
+    the principal moments and the tensor alike."""
     from rigidjax.reference import euler_omega
 
     t = np.arange(200) * 0.005
-    w = euler_omega(np.array([1.0, 1e-4, 1.3]), np.array([1.0, 0.3, 2.0]), t)
-    w = w + 1e-3 * np.random.default_rng(0).standard_normal(w.shape)
-    for tensor in (False, True):
-        (p,) = recipes.window_problems((t, w), tensor=tensor)
-        ratios = p.parameters["ratios"]
-        u = ratios.transform.inverse(ratios.start)  # raised before
-        lo, hi = ratios.transform.bounds(None)
-        assert np.all(u[:2] >= lo[:2]) and np.all(u[:2] <= hi[:2]), u
-    f = identify.fit(recipes.window_problems((t, w))[0], starts=1)
-    assert f.status != identify.FitStatus.CONVERGED, f.message
+    rng = np.random.default_rng(0)
+    # a moment ratio beyond the search (a rod along y), a vanishing moment (a rod along x)
+    for moments in ([1.0, 1e-4, 1.3], [1e-4, 1.0, 1.0]):
+        w = euler_omega(np.array(moments), np.array([1.0, 0.3, 2.0]), t)
+        w = w + 1e-3 * rng.standard_normal(w.shape)
+        for tensor in (False, True):
+            (p,) = recipes.window_problems((t, w), tensor=tensor)
+            ratios = p.parameters["ratios"]
+            u = ratios.transform.inverse(ratios.start)  # raised before
+            lo, hi = ratios.transform.bounds(None)
+            assert np.all(u[:2] >= lo[:2]) and np.all(u[:2] <= hi[:2]), u
+            assert np.all(np.linalg.eigvalsh(np.asarray(ratios.into(ratios.start))) > 0), (moments, tensor)
+        f = identify.fit(recipes.window_problems((t, w))[0], starts=1)  # the start could not be simulated
+        assert f.status != identify.FitStatus.CONVERGED, f.message

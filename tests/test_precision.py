@@ -51,6 +51,13 @@ class _UserLagrangian(eqx.Module):
         return 0.5 * qdot @ (I @ qdot) - 9.81 * q[-1]
 
 
+def _midpoint_loss(body, **options):
+    def loss(s):
+        return jnp.sum(rj.rollout(rj.midpoint_step, body, s, 1e-3, 4, **options).states.angular_velocity[-1] ** 2)
+
+    return loss
+
+
 def _cases():
     body = _body()
     w = jnp.asarray([0.3, 2.0, -0.1], F32)
@@ -77,6 +84,19 @@ def _cases():
         "grad of rollout (user Lagrangian)": (
             jax.grad(lambda s: jnp.sum(rj.rollout(vi_step, user, s, 1e-3, 3).states.q[-1] ** 2)),
             us,
+        ),
+        # the midpoint step's own JVP rule, traced when the caller differentiates an already
+        # traced program (grad of jit, of checkpoint), outside the forward's scope
+        "grad of jit of midpoint rollout": (jax.grad(jax.jit(_midpoint_loss(body))), ms),
+        "grad of checkpoint of midpoint rollout": (jax.grad(jax.checkpoint(_midpoint_loss(body))), ms),
+        "jvp of jit of midpoint rollout": (
+            lambda s: jax.jvp(jax.jit(_midpoint_loss(body)), (s,), (s,)),
+            ms,
+        ),
+        "grad of jit of discrete-adjoint rollout": (jax.grad(jax.jit(_midpoint_loss(body, adjoint="discrete"))), ms),
+        "grad of jit of ep rollout": (
+            jax.grad(jax.jit(lambda s: jnp.sum(rj.rollout(ep.ep_step, epm, s, 1e-3, 3).states.velocities[-1] ** 2))),
+            eps,
         ),
         "grad of ep rollout": (
             jax.grad(lambda s: jnp.sum(rj.rollout(ep.ep_step, epm, s, 1e-3, 3).states.velocities[-1] ** 2)),

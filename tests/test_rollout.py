@@ -407,6 +407,9 @@ def test_every_step_refuses_a_concrete_bad_dt(name, dt):
         s = systems.rigid_body_vi_state(model, s)
     with pytest.raises(ValueError, match=r"dt must be finite and > 0 s"):
         step(model, s, None, dt)
+    for wrong in (None, "0.001", True):  # not a number of seconds
+        with pytest.raises(TypeError, match=r"dt must be a number of seconds"):
+            step(model, s, None, wrong)
     new, info = jax.jit(lambda d: step(model, s, None, d))(dt)
     assert int(info.status) == Status.INVALID_INPUT
     assert all(jax.tree_util.tree_leaves(jax.tree_util.tree_map(lambda a, b: bool(jnp.all(a == b)), new, s)))

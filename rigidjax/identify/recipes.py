@@ -429,10 +429,12 @@ def window_problems(segments, *, tensor: bool = False, drag: str | None = None, 
     for s, k in zip(segs, ks):
         theta = equation_error_guess([s], spec)
         xs, R = theta_chart(np.ones(spec.n_theta) if theta is None else theta, spec)
-        # a rod-like guess (a moment ratio beyond V_MAX) starts just inside the search's edge
-        # (0.1 %: the tensor's ratios, re-normalised in its principal frame, stay inside), where
-        # the fit judges it; beyond the edge MomentRatios / TensorRatios refuse the start
-        u, v = xs[0, 0], min(xs[0, 1], 0.999 * V_MAX)
+        # a rod-like guess starts just inside the search, where the fit judges it: a moment
+        # ratio beyond V_MAX 0.1 % inside that edge (the tensor's ratios, re-normalised in its
+        # principal frame, stay inside), a vanishing moment (v = 0 with u at 0 or 1: a rod
+        # along x or z) at 1e-3 of I_yy; on or beyond those edges the start is refused or
+        # cannot be simulated
+        u, v = xs[0, 0], min(max(xs[0, 1], 1e-3), 0.999 * V_MAX)
         moments = np.array([v + 1 - u, 1.0, u + v])
         inertia = R[0] @ np.diag(moments) @ R[0].T  # I_2 = 1
         params = {}

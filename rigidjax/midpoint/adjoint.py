@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from .. import so3
 
 from ..info import FAILURES
-from ..numerics import cross, inv3, materialize, materialize_chunks, mm, mv
+from ..numerics import cross, full_precision, inv3, materialize, materialize_chunks, mm, mv
 
 from .core import MidpointCarry
 from .equations import _model_parts
@@ -261,10 +261,12 @@ def discrete_adjoint_scan(body, model, carry0, dt_arr, xs_load, n, *, attitude):
     def run(model, carry0, dt_arr, xs_load):
         return forward(model, carry0, dt_arr, xs_load)
 
+    @full_precision  # traced when a caller differentiates an already traced program
     def run_fwd(model, carry0, dt_arr, xs_load):
         out = forward(model, carry0, dt_arr, xs_load)
         return out, (model, carry0, dt_arr, xs_load, out)
 
+    @full_precision  # traced when a caller differentiates an already traced program
     def run_bwd(res, ct):
         model, (state0, _, _), dt_arr, xs_load, (states, info) = res
         ct_states, ct_info = ct

@@ -16,7 +16,7 @@ import numpy as np
 from .. import so3
 from ..body import RigidBodyState
 from ..info import make_info, rotation_status, step_status
-from ..numerics import comps, inv3_array, materialize, norm3, stack
+from ..numerics import comps, full_precision, inv3_array, materialize, norm3, stack
 from .equations import _model_parts, _solve_blocks, _twist_rhs, _zero_pattern
 
 __all__ = ["MidpointCarry", "pack_state", "unpack_state"]
@@ -224,6 +224,7 @@ def _core(body, t, x, q, v, omega, wrench, dt, active, attitude, zeros):
 
 
 @_core.defjvp
+@full_precision  # traced when a caller differentiates an already traced program (grad(jit(...)))
 def _core_jvp(attitude, zeros, primals, tangents):
     # the primal from the structure-of-arrays step (its few fused loops are cheaper than the
     # array form's many small kernels when there are few tangents), the tangent in array form
