@@ -10,7 +10,6 @@ every window padded to 128 samples, so each compiles once per session.
 import dataclasses
 import functools
 import json
-import re
 import warnings
 
 import equinox as eqx
@@ -186,7 +185,8 @@ def test_minimum_on_the_thin_plate_edge_is_reached_exactly():
     for s in fit.segments:
         e = s["estimates"]
         assert s["status"] == FitStatus.POOR_FIT and s["optimality"] < 1e-10
-        assert "the data ask for I3 > I1 + I2" in s["reason"]
+        assert "the data ask for values beyond the valid set" in s["reason"], s["reason"]
+        assert "beyond it Iz > Ix + Iy" in s["reason"]  # the edge, named
         assert abs(e["Iz/Iy"] - (e["Ix/Iy"] + 1)) < 1e-12  # exactly on the edge
     # independent check of the boundary optimum: fix the inertia a little inside the edge
     # along its normal, refit the initial rate with SciPy: the cost rises
@@ -266,12 +266,16 @@ def test_per_window_bias_refit_does_not_crash(racquet):
     a, b = segs[0], segs[1]
     h = a.n // 2
     spliced = Segment(a.t, np.concatenate([a.omega[:h], b.omega[h : a.n]]), name="spliced", source=a.source)
-    with pytest.warns(UserWarning, match="poor_fit"):
+    with pytest.warns(UserWarning, match="poor_fit|max_steps"):
         fit = fit_inertia([*segs, spliced], **FULL, starts=2)
     status = [s["status"] for s in fit.segments]
-    assert status[:3] == [FitStatus.CONVERGED] * 3 and status[3] == FitStatus.POOR_FIT, status
-    assert "not free flight" in fit.segments[3]["reason"]
-    assert fit.status == FitStatus.POOR_FIT and fit.combined["n"] == 3
+    # the spliced window is refitted as a suspect and left out: judged poor (not free flight)
+    # where its optimiser reaches a minimum, else max_steps (its residual, 180x the others',
+    # still falling slowly after 212 iterations: 1.876 rad/s; 1.874 after 1012, then poor_fit)
+    assert status[:3] == [FitStatus.CONVERGED] * 3 and status[3] in (FitStatus.POOR_FIT, FitStatus.MAX_STEPS), status
+    reason = fit.segments[3]["reason"]
+    assert ("not free flight" in reason) if status[3] == FitStatus.POOR_FIT else ("was a suspect" in reason), reason
+    assert fit.status == status[3] and fit.combined["n"] == 3
     for s in fit.segments[:3]:
         assert np.all(np.abs(np.array(s["bias"]) - truth["bias"]) < 4 * np.array(s["bias_se"]) + 1e-3)
 
@@ -286,15 +290,23 @@ def test_fast_tosses_step_error_is_caught_and_avoided(tmp_path):
         warnings.simplefilter("ignore")
         coarse = fit_inertia(segs, **FULL, substeps=1, starts=2)
     flagged = [s for s in coarse.segments if s["status"] == FitStatus.STEP_ERROR]
-    assert flagged and all("DOP853" in s["reason"] for s in flagged)
+    # each flagged by the DOP853 re-simulation or by the Richardson shift (the step check
+    # reports at a fixed substeps), and the reason says which, with the numbers
+    assert flagged and all(
+        ("DOP853" in s["reason"] and abs(s["rms_reference"] - s["rms"]) > 0.1 * s["rms"])
+        or ("the steps' error moves" in s["reason"] and max(map(abs, s["step_shift_se"].values())) > 0.3)
+        for s in flagged
+    ), [s["reason"] for s in flagged]
+    assert all("raise substeps" in s["reason"] for s in flagged)
     assert coarse.step_error["max_shift_se"] > 1
     # the same windows as layer problems at one sub-step (the layer's own Richardson check off):
-    # recipes.reference_check flags the windows fit_inertia flags, with fit_inertia's DOP853
+    # recipes.reference_check flags windows fit_inertia flags, with fit_inertia's DOP853
     # residuals (the same minima: 1 % of the RMS)
     problems = [dataclasses.replace(p, substeps=1) for p in recipes.window_problems(segs, **FULL)]
     fits = fit_many(problems, starts=2, groups=recipes.window_groups(segs), step_check="off")
     checked, ref = recipes.reference_check(problems, fits)
-    assert [f.status for f in checked] == [s["status"] for s in coarse.segments], [f.message for f in checked]
+    by_dop = [f.status == FitStatus.STEP_ERROR for f in checked]
+    assert any(by_dop) and all(s["status"] == FitStatus.STEP_ERROR for s, b in zip(coarse.segments, by_dop) if b)
     assert all("DOP853" in f.message for f in checked if f.status == FitStatus.STEP_ERROR)
     np.testing.assert_allclose(ref, [s["rms_reference"] for s in coarse.segments], rtol=0.01)
     with pytest.raises(ValueError, match="not made by window_problems"):
@@ -444,16 +456,10 @@ def test_non_convergence_is_reported(lamina):
         fit = fit_inertia(segs[:1], starts=1, phase1_steps=1, max_steps=1, substeps=1)
     assert not fit.converged and fit.segments[0]["status"] == FitStatus.MAX_STEPS
     assert "max_steps" in fit.message
-    # the message names the run that ran out and counts every phase behind the reported point
+    # the window's iterations are the fit's budget, phase1_steps + max_steps (a refit of the
+    # suspect window from other starts runs within the same budget), and the reason counts them
     row = fit.segments[0]
-    m = re.search(
-        r"last run \((.+?)\) used up its max_steps=1 iterations; (\d+) iterations to this point \((.+?)\)",
-        row["reason"],
-    )
-    assert m, row["reason"]
-    phases = [p.split(" ", 1) for p in m.group(3).split(" + ")]
-    assert int(m.group(2)) == row["iterations"] == sum(int(n) for n, _ in phases)
-    assert phases[0][1] == "multi-start" and phases[-1][1] == m.group(1)
+    assert row["iterations"] == 2 and "the iteration cap came first (2 iterations)" in row["reason"], row["reason"]
 
 
 def test_noise_estimate_from_second_differences(lamina):

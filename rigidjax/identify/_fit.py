@@ -9,32 +9,42 @@ What :func:`fit_inertia` does, window by window:
    (signal RMS below :data:`SNR_MIN` times the noise: no motion, noise only, a steady spin
    about one axis) is :attr:`~FitStatus.UNIDENTIFIABLE` and not fitted. Windows longer than
    ``max_duration`` (free flight) or ``max_samples`` are refused (:class:`FitError`).
-2. **Finds the least-squares minimum over the physically valid set**: bounded
-   Levenberg-Marquardt (:mod:`rigidjax.identify._lm`) in second-moment coordinates where
-   that set is a box, so thin-plate edges (``I_z = I_x + I_y``) are reached exactly; starts
-   from the equation-error estimates and random valid inertias, the best continued to
-   first-order optimality. Windows whose residual is far above their recording's others or
-   their own signal (suspects) are refitted from the consensus of the other windows (all,
-   and the same recording's) and :data:`RESCUE_RANDOM` more random starts; the lowest cost
-   wins. A dense search (:func:`multistart_check`: 100 random starts per window) finds no
-   lower minimum on any of the 69 shared racquet windows.
+2. **Finds the least-squares minimum over the physically valid set**, on the
+   identification layer (:mod:`rigidjax.identify._window_fits`): every window is a
+   :func:`~rigidjax.identify.recipes.window_problems` problem (principal-moment or tensor
+   ratios over ``I_yy`` in transforms whose box is the valid set, so thin-plate edges
+   ``I_z = I_x + I_y`` are reached exactly; drag; initial rate; gyroscope bias), all fitted by
+   one :func:`~rigidjax.identify.fit_many` call with the windows' recordings as ``groups``:
+   bounded Levenberg-Marquardt (:mod:`rigidjax.identify._lm`) from the equation-error
+   estimates (of the window, of all windows of its recording, of principal moments alone)
+   and random starts around the first, ``phase1_steps`` iterations each, the best continued
+   to first-order optimality. Windows whose residual is far above their
+   recording's others or their own signal (suspects) are refitted from the consensus of the
+   other windows (all, and the same recording's) and random starts; the lowest cost wins.
+   A dense search (:func:`multistart_check`: 100 random starts per window) finds no lower
+   minimum on any of the 69 shared racquet windows.
    ``converged`` means first-order optimality holds (see :mod:`rigidjax.identify._lm`).
-3. **Keeps the step error out of the estimates**: sub-steps per sample interval are chosen
-   per window from ``|omega| dt`` (:data:`ROT_TARGET` rad per sub-step), then the midpoint
-   step's error (Richardson: ``k`` against ``2 k`` sub-steps) is converted into the shift it
-   causes in every estimate; while a shift exceeds :data:`SHIFT_MAX` standard errors the
-   window's sub-steps are doubled and it is refitted (up to :data:`K_MAX`). Each fitted
-   window is then re-simulated by a tight independent integrator (SciPy DOP853): a residual
-   that differs by more than :data:`REF_TOL` marks it :attr:`~FitStatus.STEP_ERROR`.
+3. **Keeps the step error out of the estimates**: sub-steps per sample interval start per
+   window from ``|omega| dt`` (:data:`ROT_TARGET` rad per sub-step); the layer's step-error
+   check (:mod:`rigidjax.identify._step_error`: Richardson, ``k`` against ``2 k``
+   sub-steps) converts the midpoint step's error into the shift it causes in every
+   estimate and, while a shift exceeds 0.3 standard errors, doubles the window's sub-steps
+   and refits (up to 8 times the first; with a fixed ``substeps`` it only reports, and a
+   shift above 0.3 standard errors is :attr:`~FitStatus.STEP_ERROR`). Each fitted window is
+   then re-simulated by a tight independent integrator (SciPy DOP853,
+   :func:`~rigidjax.identify.recipes.reference_check`): a residual that differs by more than
+   :data:`REF_TOL` marks it :attr:`~FitStatus.STEP_ERROR`.
 4. **Judges each window**: a residual above 5x the median over the windows of its recording
    (over all windows where it has fewer than 3) or 25 % of the window's signal, and above 10x
-   its noise, is :attr:`~FitStatus.POOR_FIT` (a wrong basin or not free flight); a relative
-   standard error of ``Ix/Iy`` or ``Iz/Iy`` above :data:`REL_SE_MAX`, or singular normal
-   equations, :attr:`~FitStatus.UNIDENTIFIABLE`; so is a window whose optimiser ran out of
-   iterations or stalled on its way to a degenerate minimum: at a rod-like inertia (a
-   principal-moment ratio beyond ``V_MAX``), or where the Gauss-Newton model promises an
-   insignificant further decrease (below :data:`~rigidjax.identify._verdict.CHI2_1_95`
-   residual variances) while the ratios stay undetermined (``_verdict.degenerate``).
+   its noise, is :attr:`~FitStatus.POOR_FIT` (a wrong basin or not free flight); so is a
+   minimum on the valid set's edge where the data ask for more (an unconstrained step would
+   remove over 60 % of the residual); a relative standard error of a ratio above 50 %, or
+   singular normal equations, :attr:`~FitStatus.UNIDENTIFIABLE`; so is a window whose
+   optimiser ran out of iterations or stalled on its way to a degenerate minimum: at a
+   rod-like inertia (a principal-moment ratio beyond ``V_MAX``), or where the Gauss-Newton
+   model promises an insignificant further decrease (below
+   :data:`~rigidjax.identify._verdict.CHI2_1_95` residual variances) while the ratios stay
+   undetermined (``_verdict.flat``).
 5. **Pools only what belongs together**: recordings (``Segment.source``) whose estimates
    disagree beyond their spread are named and left out (:mod:`rigidjax.identify._combine`;
    ``pool="all"`` forces pooling); the combined estimate carries a statistical error and a
@@ -74,10 +84,9 @@ from ._windows import (
     _as_segments,
     _initial_substeps,
     _label,
-    _per_window,
-    _quality,
     _recording_labels,
 )
+from ._window_fits import per_window
 
 # ----------------------------------------------------------------------------- main entry
 
@@ -123,8 +132,10 @@ def fit_inertia(
             ``("trace", ...)`` (kg m^2); without it only ratios are reported.
         substeps: ``"auto"`` (default: per window from ``|omega| dt``, doubled while the step
             error shifts an estimate by more than :data:`SHIFT_MAX` standard errors) or a fixed
-            integer >= 1 for every window (the shift is still reported, and warns above 1).
-        starts: starts per window (the equation-error estimates first, then random ones).
+            integer >= 1 for every window (the shift is still reported: a window whose estimates
+            it moves by more than 0.3 standard errors is ``step_error``, and the fit warns above 1).
+        starts: starts per window (the equation-error estimates of the window, its recording and
+            principal moments alone first, then random ones around the first).
         seed: random starts.
         max_steps: Levenberg-Marquardt iterations after the multi-start phase.
         phase1_steps: iterations every start gets before the best is kept.
@@ -232,7 +243,7 @@ def fit_inertia(
         )
         for i, s in enumerate(segs)
     ]
-    per = _per_window(run, wins, k, starts, adapt=(substeps == "auto"), reference_check=reference_check)
+    per = per_window(run, wins, k, starts, adapt=(substeps == "auto"), reference_check=reference_check)
     for i in range(n):
         r = rows[i]
         r["noise"], r["signal"] = float(run.noise[i]), float(run.signal[i])
@@ -243,7 +254,6 @@ def fit_inertia(
             r.update(status=FitStatus.NOT_FREE, reason=not_free[i], rms=None, estimates={}, se={}, iterations=0)
         else:
             r.update(per[i])
-    _quality(run, rows, [i for i in range(n) if i not in pre])
     result = _combine_windows(run, rows, pool)
     if joint:
         result = _joint(run, rows, result, k, pool, reference_check=reference_check, starts=starts)

@@ -113,11 +113,27 @@ def fit_many(
 
 
 def _many(
-    problems, groups, starts, spread, seed, max_steps, dtype, pad_to, step_check, progress=None, keep=None
+    problems,
+    groups,
+    starts,
+    spread,
+    seed,
+    max_steps,
+    dtype,
+    pad_to,
+    step_check,
+    progress=None,
+    keep=None,
+    first_steps=None,
+    cause="a wrong basin, or motion the model does not describe",
+    given=None,
 ) -> list[ProblemFit]:
     """:func:`fit_many`: the fits (one program, see :func:`fit_many`); for windows of one body
     (``groups``) the refit of suspect windows from the others' consensus and the poor-fit
-    rule across windows (:mod:`rigidjax.identify._across`)."""
+    rule across windows (:mod:`rigidjax.identify._across`). ``first_steps``: see
+    :func:`~rigidjax.identify._problem_fit._fit`, and ``given`` (``{w: (n, P)}``, problems
+    numbered as in ``problems``); ``cause``: what a poor fit's message names as its likely
+    cause (fit_inertia: "not free flight")."""
     W = len(problems)
     one_body = groups is not None
 
@@ -147,6 +163,8 @@ def _many(
             laid_out=(part, [layouts[w] for w in idx]),
             progress=progress,
             keep=keep,
+            first_steps=first_steps,
+            given={j: given[w] for j, w in enumerate(idx) if w in given} if given else None,
         )
     except ValueError as e:  # name the problems by their place in the call
         msg = str(e)
@@ -190,7 +208,7 @@ def _many(
                 # starts_at_best counts among the refit's kept starts (all where it kept all)
                 kept = f.starts if f.kept is None else f.kept
                 out[w] = dataclasses.replace(f, message=f"{f.message}; {note}", starts=old.starts + f.starts, kept=kept)
-    _judge(out, groups, signal, [p.observations for p in problems])
+    _judge(out, groups, signal, [p.observations for p in problems], cause)
     return out
 
 
@@ -288,7 +306,7 @@ def _residuals(f: ProblemFit) -> list[float]:
     return [float(r) if np.isfinite(r) else np.inf for r in f.rms]
 
 
-def _judge(out: list, groups, signal, observations) -> None:
+def _judge(out: list, groups, signal, observations, cause: str) -> None:
     """The poor-fit rule across windows (:mod:`rigidjax.identify._across`) IN PLACE on the
     results of :func:`fit_many` with ``groups``: each observation in its data's unit, its sigma
     the noise; a window is poor where any observation is."""
@@ -304,7 +322,7 @@ def _judge(out: list, groups, signal, observations) -> None:
             [observations[w][i].sigma for w in judged],
             [groups[w] for w in judged],
             unit=getattr(o, "unit", ""),
-            cause="a wrong basin, or motion the model does not describe",
+            cause=cause,
         )
         for j, reason in enumerate(why):
             if reason is not None:

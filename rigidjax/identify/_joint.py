@@ -23,6 +23,7 @@ from ._model import (
     theta_phys,
 )
 from ._across import POOR_NOISE
+from ._verdict import REL_SE_MAX
 from ._fit_many import multistart_problems
 from ._problem_result import ProblemFit
 from ._result import FitStatus, InertiaFit
@@ -31,7 +32,6 @@ from ._windows import (
     JOINT_OWN,
     K_MAX,
     REF_TOL,
-    REL_SE_MAX,
     SHIFT_MAX,
     _LM_STATUS,
     _Run,

@@ -133,17 +133,23 @@ def _fit(
     laid_out=None,
     progress=None,
     keep=None,
+    first_steps=None,
+    given=None,
 ):
     """The fit of :func:`fit` and :func:`~rigidjax.identify.fit_many`. ``sigma_rule``: see
     :func:`~rigidjax.identify._problem_result.result`. ``refits``: a list to which the fit
     appends ``refit(ws, given) -> {w: ProblemFit}``, a refit of its problems ``ws`` from the
-    start points ``given[w] (n, P)`` (every start :data:`_across.RESCUE_FIRST_STEPS`
-    iterations, the :data:`_across.RESCUE_KEEP` lowest of each problem to the end) through the
+    start points ``given[w] (n, P)`` (every start ``first_steps`` (:data:`_across.RESCUE_FIRST_STEPS`)
+    iterations, the :data:`_across.RESCUE_KEEP` lowest of each problem to ``max_steps`` in all) through the
     same compiled program (fit_many's refit of suspect windows: no compilation). ``laid_out``:
     ``(problems in dtype, their layouts)`` already checked (layouts, sub-steps, one structure)
     by the caller, which :func:`~rigidjax.identify.fit_many` does for all its problems at once.
     ``progress``: ``progress(n_active)`` after every optimiser iteration; ``keep``: the
-    starts per problem that continue after the first phase (see :func:`fit`)."""
+    starts per problem that continue after the first phase (see :func:`fit`); ``first_steps``:
+    the first phase's iterations where ``keep`` is below ``starts`` (default
+    :data:`_across.RESCUE_FIRST_STEPS`; fit_inertia's ``phase1_steps``); ``given``: ``{w:
+    (n, P)}`` start points of problem ``w`` that replace its first random starts (after its
+    own start; fit_inertia's other equation-error estimates)."""
     if progress is not None and not callable(progress):
         raise TypeError(f"{name}: progress must be a callable progress(n_active) or None; got {progress!r}")
     if isinstance(starts, bool) or not isinstance(starts, (int, np.integer)) or starts < 1:
@@ -229,13 +235,17 @@ def _fit(
                 * np.random.default_rng(seed).standard_normal((starts - 1, layout.n_global))
                 * _spread_scale(layouts[w], x0[w])
             )
+    for w, X in (given or {}).items():  # given starts in place of the first random ones
+        n = min(len(X), starts - 1)
+        X0[w * starts + 1 : w * starts + 1 + n] = X[:n]
     # the random starts into the transforms' box (the given start is inside: _Layout checks it)
     X0 = np.clip(X0, lo, hi)
     eps = float(jnp.finfo(dtype).eps)
     # every start the first RESCUE_FIRST_STEPS iterations, then the `keep` lowest of each
     # problem to max_steps (all of them where keep is None)
     kept = starts if keep is None else min(keep, starts)
-    first = max_steps if kept == starts else min(_across.RESCUE_FIRST_STEPS, max_steps)
+    phase = _across.RESCUE_FIRST_STEPS if first_steps is None else first_steps
+    first = max_steps if kept == starts else min(phase, max_steps)
     st = _two_phase(evaluate, X0, np.arange(W * starts), lo, hi, starts, kept, eps, first, max_steps - first, progress)
     cost = np.where(st["ok"], st["cost"], np.inf).reshape(W, kept)
     best = np.argmin(np.where(np.isfinite(cost), cost, np.inf), axis=1)
@@ -317,8 +327,8 @@ def _fit(
             n,
             keep,
             eps,
-            min(_across.RESCUE_FIRST_STEPS, max_steps),
-            max_steps,
+            min(phase, max_steps),
+            max_steps - min(phase, max_steps),
             progress,
         )
         c2 = np.where(r["ok"], r["cost"], np.inf).reshape(len(ws), keep)

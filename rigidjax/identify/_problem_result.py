@@ -519,7 +519,8 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
     elif lm_status == _lm.LMStatus.MAX_STEPS:
         status, msg = (
             FitStatus.MAX_STEPS,
-            "the iteration cap came first" + (heads_to_zero or weakly or " (raise max_steps)"),
+            f"the iteration cap came first ({int(st['it'][b])} iterations)"
+            + (heads_to_zero or weakly or " (raise max_steps)"),
         )
     elif lm_status == _lm.LMStatus.STALLED and decrement * 0.5 * rss > 10 * eps * resolution:
         status, msg = (

@@ -1,5 +1,7 @@
-"""Per-window inertia fits: the windows and their starts, the multi-start Levenberg-Marquardt
-fits, the refit of suspect windows, the reported coordinates and each window's quality verdict.
+"""fit_inertia's windows and shared state: the input checks and labels, the initial sub-steps,
+the reported coordinates and their covariance, the step-error shift and the overall verdict
+(the per-window fits themselves: :mod:`rigidjax.identify._window_fits`; the joint fit:
+:mod:`rigidjax.identify._joint`).
 
 Part of :func:`rigidjax.identify.fit_inertia` (module docstring of :mod:`rigidjax.identify._fit`).
 """
@@ -15,22 +17,15 @@ from ..io import Segment, load
 from . import _lm
 from ._derived import FitError, derived_jacobian, names, standard_errors
 from ._model import (
-    V_MAX,
     chart_theta,
     noise_and_signal,
     pad,
     pad_length,
-    phys_theta,
-    random_chart,
-    reference_rms,
     simulate,
-    theta_chart,
     theta_phys,
 )
-from ._across import RESCUE_KEEP, RESCUE_RANDOM, medoid, poor_reasons, suspects
+from ._across import medoid
 from ._problems import Batch
-from ._starts import window_starts
-from ._verdict import REL_SE_MAX, degenerate, edge_push
 from ._result import FitStatus
 
 #: Fewer samples than this in a window: too few to determine inertia ratios (not fitted).
@@ -134,6 +129,7 @@ class _Run:
         self.noise = np.array([a for a, _ in ns])
         self.signal = np.array([b for _, b in ns])
         self.names = names(spec, scale)
+        self.labels = _recording_labels(segs)
         self.adapt = True
 
     def tick(self, n_active):
@@ -169,121 +165,9 @@ def _full_x(run: _Run, shared: np.ndarray, windows: np.ndarray, *, bias=None, w0
     return np.concatenate([shared, b, w], 1)
 
 
-# ----------------------------------------------------------------------------- per-window fits
-
-
-def _best_per_window(st, windows_of_row, n_windows, *, prefer_converged: bool):
-    """Index of the best row per window: the lowest cost (after a first phase), or converged
-    before not, then the lowest cost (after runs to the end)."""
-    cost = np.where(st["ok"], st["cost"], np.inf)
-    if prefer_converged:
-        cost = cost * np.where(st["status"] == _lm.LMStatus.CONVERGED, 1.0, 1e6)
-    best = np.full(n_windows, -1)
-    for w in range(n_windows):
-        rows = np.flatnonzero(windows_of_row == w)
-        if rows.size:
-            best[w] = rows[np.argmin(cost[rows])]
-    return best
-
-
-def _fit_windows(run: _Run, wins: np.ndarray, k: np.ndarray, starts: int) -> dict:
-    """Multi-start bounded LM of each window in ``wins``; returns per window the LM state
-    (rows in the order of ``wins``) and its ``R_ref``."""
-    rng = np.random.default_rng(run.seed)
-    xs, Rs, owner = [], [], []
-    for j, i in enumerate(wins):
-        x, R = window_starts(run, i, starts, rng)
-        xs.append(_full_x(run, x, np.full(len(x), i)))
-        Rs.append(R)
-        owner += [j] * len(x)
-    x0, R_ref, owner = np.concatenate(xs), np.concatenate(Rs), np.array(owner)
-    batch = run.batch(k, wins[owner][:, None], [0], "opt", R_ref)
-    st = run.lm(batch, x0, np.arange(x0.shape[0]), max_steps=run.phase1_steps)
-    best = _best_per_window(st, owner, len(wins), prefer_converged=False)
-    keep = _lm.select(st, best)
-    first = keep["it"].copy()
-    batch = run.batch(k, wins[owner[best]][:, None], [0], "opt", R_ref[best])
-    keep["rows"] = np.arange(len(wins))
-    st = run.lm(batch, None, None, max_steps=run.max_steps, state=keep)
-    st["R_ref"] = R_ref[best]
-    # per window, the optimiser runs behind the reported point: (phase, iterations); the last
-    # one's status is the window's (the message names it and the total). ``lost``: iterations
-    # of a refit from other starts that ended no lower (not behind the reported point)
-    st["phases"] = [[("multi-start", int(a)), ("main", int(b - a))] for a, b in zip(first, st["it"])]
-    st["lost"] = np.zeros(len(wins), int)
-    _rescue(run, wins, k, st)
-    return st
-
-
 def _medoid(theta: np.ndarray) -> np.ndarray:
     """The row of ``theta`` (model values, I_yy = 1) nearest the median in log ratios (a physical point)."""
     return theta[medoid(np.log(np.maximum(np.abs(theta[:, [0, 2]]), 1e-12)))]
-
-
-def _rescue(run: _Run, wins: np.ndarray, k: np.ndarray, st: dict) -> None:
-    """Refit the suspect windows (see module) IN PLACE of ``st`` where a refit ends lower."""
-    spec = run.spec
-    rms = np.sqrt(2 * st["cost"] / np.array([3.0 * run.segs[i].n for i in wins]))
-    conv = st["ok"] & (st["status"] == _lm.LMStatus.CONVERGED)
-    rms = np.where(st["ok"], rms, np.inf)
-    suspect = suspects(rms, run.signal[wins], conv, [run.segs[i].source for i in wins])
-    if not suspect.any():
-        return
-    bad = np.flatnonzero(suspect)
-    good = np.flatnonzero(~suspect)
-    theta_all, _ = chart_theta(st["x"][:, : spec.n_chart], st["R_ref"], spec)
-    theta_all = theta_all / theta_all[:, 1:2]
-    rng = np.random.default_rng(run.seed + 1)
-    xs, Rs, owner = [], [], []
-    for j in bad:
-        i = wins[j]
-        cands = []
-        if good.size:
-            cands.append(_medoid(theta_all[good]))
-            same = good[[run.segs[wins[g]].source == run.segs[i].source for g in good]]
-            if same.size:
-                cands.append(_medoid(theta_all[same]))
-        for th in cands:
-            x, R = theta_chart(th, spec)
-            for w0 in (run.segs[i].omega[0], st["x"][j, -3:]):
-                xs.append(_full_x(run, x, np.array([i]), w0=w0[None]))
-                Rs.append(R)
-                owner.append(j)
-        x, R = random_chart(rng, RESCUE_RANDOM, spec)
-        xs.append(_full_x(run, x, np.full(RESCUE_RANDOM, i)))
-        Rs.append(R)
-        owner += [j] * RESCUE_RANDOM
-    x0, R_ref, owner = np.concatenate(xs), np.concatenate(Rs), np.array(owner)
-    batch = run.batch(k, wins[owner][:, None], [0], "opt", R_ref)
-    r = run.lm(batch, x0, np.arange(x0.shape[0]), max_steps=run.phase1_steps)
-    # the RESCUE_KEEP lowest-cost starts of each window continue to convergence
-    cost = np.where(r["ok"], r["cost"], np.inf)
-    cont = np.concatenate(
-        [idx[np.argsort(cost[idx])[:RESCUE_KEEP]] for idx in (np.flatnonzero(owner == j) for j in bad)]
-    )
-    r = _lm.select(r, cont)
-    first = r["it"].copy()
-    owner, R_ref = owner[cont], R_ref[cont]
-    r["rows"] = np.arange(cont.size)
-    batch = run.batch(k, wins[owner][:, None], [0], "opt", R_ref)
-    r = run.lm(batch, None, None, max_steps=run.max_steps, state=r)
-    best = _best_per_window(r, owner, len(wins), prefer_converged=True)
-    for j in bad:
-        b = best[j]
-        if b < 0 or not r["ok"][b]:
-            continue
-        better_status = (r["status"][b] == _lm.LMStatus.CONVERGED) or (st["status"][j] != _lm.LMStatus.CONVERGED)
-        if (not st["ok"][j]) or (r["cost"][b] < st["cost"][j] and better_status):
-            for key in ("x", "cost", "A", "g", "aux", "ok", "lam", "nu", "status", "opt", "lo", "hi", "floor"):
-                st[key][j] = r[key][b]
-            st["it"][j] += r["it"][b]
-            st["R_ref"][j] = R_ref[b]
-            st["phases"][j] = st["phases"][j] + [
-                ("multi-start of the refit from other starts", int(first[b])),
-                ("refit from other starts", int(r["it"][b] - first[b])),
-            ]
-        else:
-            st["lost"][j] = int(r["it"][b])
 
 
 # ----------------------------------------------------------------------------- reported coordinates
@@ -372,152 +256,6 @@ def _initial_substeps(segs, fixed) -> np.ndarray:
         rot = float(np.max(np.linalg.norm(s.omega, axis=1)[:-1] * np.diff(s.t))) if s.n > 1 else 0.0
         k.append(min(K_MAX, 1 << max(0, math.ceil(math.log2(max(rot / ROT_TARGET, 1.0))))))
     return np.array(k, np.int32)
-
-
-def _per_window(run: _Run, wins, k, starts, *, adapt: bool, reference_check: bool) -> dict:
-    """Fit each window of ``wins`` alone (with sub-step adaptation); returns ``{i: row fields}``."""
-    spec = run.spec
-    out = {}
-    if wins.size == 0:
-        return out
-    st = _fit_windows(run, wins, k, starts)
-    bias_names = [(f"bias_{c}", spec.n_phys + a) for a, c in enumerate("xyz")] if spec.bias else []
-    sub = np.arange(0)  # the windows refitted in the previous round
-    for _round in range(8):
-        xp = _to_phys(run, st)
-        phy = run.batch(k, wins[:, None], [0], "phys")
-        _, A_p, _, ok_p, rss_p = phy.evaluate(xp, np.arange(wins.size))
-        covs, s2s, Js, ests, ses, sing = [], [], [], [], [], []
-        for j, i in enumerate(wins):
-            cov, s2, singular = _covariance(A_p[j], float(rss_p[j, 0]), 3 * run.segs[i].n, phy.P)
-            est, se, J = _estimates(run, xp[j, : spec.n_phys], cov[: spec.n_phys, : spec.n_phys])
-            covs.append(cov), s2s.append(s2), Js.append(J), ests.append(est), ses.append(se), sing.append(singular)
-        shifts, rms_e = _step_shift(run, phy, xp, np.arange(wins.size), k, covs, s2s, Js, bias_names)
-        worst = np.array([max((abs(v) for v in d.values()), default=0.0) for d in shifts])
-        theta, _ = phys_theta(xp[:, : spec.n_phys], spec)
-        w0 = xp[:, -3:]
-        b = xp[:, spec.n_phys : spec.n_phys + spec.n_bias] if spec.bias else np.zeros((wins.size, 3))
-        rms_all = np.sqrt(rss_p[:, 0] / np.array([3.0 * run.segs[i].n for i in wins]))
-        if not reference_check:
-            ref = np.full(wins.size, np.nan)
-        elif _round == 0:
-            ref = reference_rms([run.segs[i] for i in wins], theta, w0, b, spec)
-        else:  # only the windows refitted in the previous round changed
-            ref[sub] = reference_rms([run.segs[i] for i in wins[sub]], theta[sub], w0[sub], b[sub], spec)
-        ref_bad = reference_check & ~(np.abs(ref - rms_all) <= REF_TOL * rms_all)
-        need = adapt & ((worst > SHIFT_MAX) | ref_bad) & (k[wins] < K_MAX) & st["ok"]
-        if not need.any():
-            break
-        # finer sub-steps for those windows; continue from the current estimate (the cost
-        # changes with k: a fresh iteration from the current point)
-        k[wins[need]] = np.minimum(2 * k[wins[need]], K_MAX)
-        sub = np.flatnonzero(need)
-        batch = run.batch(k, wins[sub][:, None], [0], "opt", st["R_ref"][sub])
-        part = run.lm(batch, st["x"][sub], np.arange(sub.size), max_steps=run.max_steps)
-        for jj, n_it in zip(sub, part["it"]):
-            st["phases"][jj] = st["phases"][jj] + [(f"refit at {k[wins[jj]]} sub-steps", int(n_it))]
-        part["it"] += st["it"][sub]
-        for key in ("x", "cost", "A", "g", "aux", "ok", "lam", "nu", "status", "opt", "it", "lo", "hi", "floor"):
-            st[key][sub] = part[key]
-    for j, i in enumerate(wins):
-        rms = float(np.sqrt(rss_p[j, 0] / (3 * run.segs[i].n)))
-        status = _LM_STATUS[_lm.LMStatus(int(st["status"][j]))] if (st["ok"][j] and ok_p[j]) else FitStatus.NONFINITE
-        phases = st["phases"][j]
-        reason = {
-            FitStatus.CONVERGED: "",
-            FitStatus.MAX_STEPS: (
-                f"no first-order optimum: the optimiser's last run ({phases[-1][0]}) used up its max_steps="
-                f"{run.max_steps} iterations; {int(st['it'][j])} iterations to this point ("
-                + " + ".join(f"{n_} {name}" for name, n_ in phases)
-                + ")"
-                + (f"; a refit from other starts ended no lower ({st['lost'][j]} iterations)" if st["lost"][j] else "")
-                + " (raise max_steps)"
-            ),
-            FitStatus.STALLED: (
-                f"the optimiser stopped short of first-order optimality (relative decrement {st['opt'][j]:.2g})"
-            ),
-            FitStatus.NONFINITE: "the simulation gave NaN or inf",
-        }[status]
-        rel = [ses[j][key] / abs(ests[j][key]) if ests[j][key] else np.inf for key in ("Ix/Iy", "Iz/Iy")]
-        if status in (FitStatus.CONVERGED, FitStatus.STALLED) and st["x"][j, 1] >= V_MAX:
-            status = FitStatus.UNIDENTIFIABLE
-            reason = (
-                f"the least-squares minimum lies at a degenerate, rod-like inertia (a ratio beyond {V_MAX:g}, the edge "
-                "of the search): the data do not determine the inertia"
-            )
-        elif status in (FitStatus.MAX_STEPS, FitStatus.STALLED) and (why := degenerate(st, j, s2s[j], sing[j], rel)):
-            reason = (
-                f"the optimiser heads for a degenerate minimum ({status.value} after {int(st['it'][j])} iterations): "
-                f"{why}: the data do not determine the inertia"
-            )
-            status = FitStatus.UNIDENTIFIABLE
-        elif status == FitStatus.CONVERGED and (push := edge_push(spec, st, j)) is not None:
-            status = FitStatus.POOR_FIT
-            reason = (
-                f"the data ask for {push[0]}, beyond the physically valid set: the least-squares minimum sits on its "
-                f"edge and an unconstrained step would remove {100 * push[1]:.0f} % of the residual (not free flight, "
-                "wrong axes or units, or not a rigid body)"
-            )
-        elif status == FitStatus.CONVERGED and (sing[j] or max(rel) > REL_SE_MAX):
-            status = FitStatus.UNIDENTIFIABLE
-            reason = (
-                "singular normal equations: the data do not determine the inertia ratios"
-                if sing[j]
-                else f"the data determine Ix/Iy and Iz/Iy only to ±{100 * rel[0]:.0f} % and ±{100 * rel[1]:.0f} %"
-            )
-        if status == FitStatus.CONVERGED and reference_check and not (abs(ref[j] - rms) <= REF_TOL * rms):
-            status = FitStatus.STEP_ERROR
-            reason = (
-                f"re-simulated by DOP853 the residual is {ref[j]:.3g} rad/s against the fit's {rms:.3g}: the step "
-                f"error ({k[i]} sub-steps) shapes this fit (raise substeps)"
-            )
-        row = dict(
-            status=status,
-            reason=reason,
-            rms=rms,
-            rms_reference=float(ref[j]),
-            iterations=int(st["it"][j]),
-            optimality=float(st["opt"][j]),
-            omega0=w0[j].tolist(),
-            omega0_se=np.sqrt(np.maximum(np.diag(covs[j])[-3:], 0)).tolist(),
-            estimates=ests[j],
-            se=ses[j],
-            step_shift_se=shifts[j],
-            step_error_rms=float(rms_e[j, 0]),
-            _theta=theta[j],
-            _w0=w0[j],
-            _bias=b[j],
-            _xp=xp[j],
-            _cov=covs[j],
-            _J=Js[j],
-        )
-        if spec.bias:
-            row["bias"] = b[j].tolist()
-            row["bias_se"] = np.sqrt(np.maximum(np.diag(covs[j])[spec.n_phys : spec.n_phys + 3], 0)).tolist()
-        out[i] = row
-    return out
-
-
-def _quality(run: _Run, rows, fitted) -> None:
-    """The poor-fit rule of :mod:`rigidjax.identify._across`, IN PLACE on ``rows`` (over the
-    windows fitted to their minimum; the median over the windows of the same recording where
-    it has at least 3, else over all)."""
-    conv = [
-        i for i in fitted if rows[i]["status"] in (FitStatus.CONVERGED, FitStatus.STEP_ERROR, FitStatus.UNIDENTIFIABLE)
-    ]
-    if not conv:
-        return
-    why = poor_reasons(
-        [rows[i]["rms"] for i in conv],
-        run.signal[conv],
-        run.noise[conv],
-        [rows[i]["source"] for i in conv],
-        unit="rad/s",
-        cause="a wrong basin, or not free flight",
-    )
-    for i, reason in zip(conv, why):
-        if reason is not None:
-            rows[i]["status"], rows[i]["reason"] = FitStatus.POOR_FIT, reason
 
 
 def _overall(rows, excluded: dict, extra: list[str] = ()) -> tuple[FitStatus, str]:

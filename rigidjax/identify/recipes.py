@@ -423,41 +423,58 @@ def window_problems(segments, *, tensor: bool = False, drag: str | None = None, 
     for s in segs:
         _check_units(s.t, s.omega, s.name or s.source)
     spec = Spec(bool(tensor), drag, bool(bias))
-    ks = _initial_substeps(segs, None if substeps == "auto" else substeps)
+    return _window_problems(segs, spec, _initial_substeps(segs, None if substeps == "auto" else substeps))
+
+
+def _window_starts(s, spec: Spec, theta=None) -> dict:
+    """``{parameter name: start value}`` of the window problem of ``s``, from the model values
+    ``theta`` (``I_yy``-gauge, :mod:`rigidjax.identify._model`; default: the window's
+    equation-error estimate) projected onto the valid set."""
+    theta = equation_error_guess([s], spec) if theta is None else theta
+    xs, R = theta_chart(np.ones(spec.n_theta) if theta is None else theta, spec)
+    # a rod-like guess starts just inside the search, where the fit judges it: a moment
+    # ratio beyond V_MAX 0.1 % inside that edge (the tensor's ratios, re-normalised in its
+    # principal frame, stay inside), a vanishing moment (v = 0 with u at 0 or 1: a rod
+    # along x or z) at 1e-3 of I_yy; on or beyond those edges the start is refused or
+    # cannot be simulated
+    u, v = xs[0, 0], min(max(xs[0, 1], 1e-3), 0.999 * V_MAX)
+    moments = np.array([v + 1 - u, 1.0, u + v])
+    inertia = R[0] @ np.diag(moments) @ R[0].T  # I_2 = 1
+    if spec.tensor:
+        out = {
+            "ratios": np.array([inertia[0, 0], inertia[2, 2], inertia[0, 1], inertia[0, 2], inertia[1, 2]])
+            / inertia[1, 1]
+        }
+    else:
+        out = {"ratios": moments[[0, 2]]}
+    if spec.drag is not None:
+        c = xs[0, 2 + 3 * spec.tensor :] / inertia[1, 1]  # drag over I_2 -> over I_yy
+        out["drag"] = c[0] if spec.drag == "isotropic" else c
+    return out
+
+
+def _window_problems(segs, spec: Spec, ks) -> list:
+    """:func:`window_problems` of checked windows ``segs`` (fit_inertia checks its own
+    bounds) with the model ``spec`` and the sub-steps ``ks`` (one per window)."""
     stepper, initial = _window_parts()
     problems = []
     for s, k in zip(segs, ks):
-        theta = equation_error_guess([s], spec)
-        xs, R = theta_chart(np.ones(spec.n_theta) if theta is None else theta, spec)
-        # a rod-like guess starts just inside the search, where the fit judges it: a moment
-        # ratio beyond V_MAX 0.1 % inside that edge (the tensor's ratios, re-normalised in its
-        # principal frame, stay inside), a vanishing moment (v = 0 with u at 0 or 1: a rod
-        # along x or z) at 1e-3 of I_yy; on or beyond those edges the start is refused or
-        # cannot be simulated
-        u, v = xs[0, 0], min(max(xs[0, 1], 1e-3), 0.999 * V_MAX)
-        moments = np.array([v + 1 - u, 1.0, u + v])
-        inertia = R[0] @ np.diag(moments) @ R[0].T  # I_2 = 1
+        start = _window_starts(s, spec)
         params = {}
-        if tensor:
-            ratios = (
-                np.array([inertia[0, 0], inertia[2, 2], inertia[0, 1], inertia[0, 2], inertia[1, 2]]) / inertia[1, 1]
-            )
-            params["ratios"] = Parameter(_inertia, TensorRatios(), into=TensorRatios.inertia, start=ratios)
+        if spec.tensor:
+            params["ratios"] = Parameter(_inertia, TensorRatios(), into=TensorRatios.inertia, start=start["ratios"])
         else:
-            params["ratios"] = Parameter(_inertia, MomentRatios(), into=MomentRatios.inertia, start=moments[[0, 2]])
-        if drag is not None:
-            c = xs[0, 2 + 3 * spec.tensor :] / inertia[1, 1]  # drag over I_2 -> over I_yy
-            into = isotropic_drag if drag == "isotropic" else diagonal_drag
-            params["drag"] = Parameter(
-                _resistance, Box(0.0, np.inf), into=into, start=c[0] if drag == "isotropic" else c
-            )
+            params["ratios"] = Parameter(_inertia, MomentRatios(), into=MomentRatios.inertia, start=start["ratios"])
+        if spec.drag is not None:
+            into = isotropic_drag if spec.drag == "isotropic" else diagonal_drag
+            params["drag"] = Parameter(_resistance, Box(0.0, np.inf), into=into, start=start["drag"])
         state0 = RigidBodyState(orientation=jnp.array([1.0, 0, 0, 0]), angular_velocity=jnp.asarray(s.omega[0]))
         problems.append(
             Problem(
                 model=RigidBody(1.0, jnp.eye(3)),
                 stepper=stepper,
                 parameters=params,
-                observations=[obs.AngularVelocity(bias=bool(bias), sigma=noise_level(s.omega))],
+                observations=[obs.AngularVelocity(bias=bool(spec.bias), sigma=noise_level(s.omega))],
                 segments=[
                     MeasuredSegment(t=s.t - s.t[0], data={"omega": s.omega}, state0=state0, name=s.name or s.source)
                 ],

@@ -1,0 +1,163 @@
+"""fit_inertia's per-window fits on the identification layer: every window a
+:func:`~rigidjax.identify.recipes.window_problems` problem, all fitted by one
+:func:`~rigidjax.identify.fit_many` call with the windows' recordings as ``groups`` (the
+multi-start, the refit of suspect windows from the others' consensus, the step-error check and
+the poor-fit rule across windows), then :func:`~rigidjax.identify.recipes.reference_check`
+(DOP853); each :class:`~rigidjax.identify.ProblemFit` becomes one of
+:class:`~rigidjax.identify.InertiaFit`'s rows.
+
+Part of :func:`rigidjax.identify.fit_inertia` (module docstring of :mod:`rigidjax.identify._fit`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import recipes
+from ._fit_many import _many
+from ._model import Spec, equation_error_guess, phys_theta
+from ._result import FitStatus
+from ._step_error import RICHARDSON
+from ._windows import REF_TOL, _estimates
+from .problem import _Layout
+
+#: fit_inertia's rows state the step error by the second-order Richardson factor
+#: ``2^2 / (2^2 - 1)`` of the midpoint step; the layer's check bounds it by the first-order
+#: factor :data:`~rigidjax.identify._step_error.RICHARDSON` (2). Rows scale the layer's move by
+#: their ratio (2/3).
+SECOND_ORDER = (4.0 / 3.0) / RICHARDSON
+
+#: What a poor window's message names as its likely cause.
+POOR_CAUSE = "a wrong basin, or not free flight"
+
+
+def per_window(run, wins: np.ndarray, k: np.ndarray, starts: int, *, adapt: bool, reference_check: bool) -> dict:
+    """Fit each window of ``wins`` alone; returns ``{i: row fields}`` (the rows' underscored
+    fields feed :func:`~rigidjax.identify._joint._combine_windows` and the joint fit). ``k``:
+    the sub-steps per window, updated IN PLACE to those each fit ended with. ``adapt``: the
+    layer's step-error refinement (``substeps="auto"``), else its report only."""
+    if wins.size == 0:
+        return {}
+    spec = run.spec
+    segs = [run.segs[i] for i in wins]
+    ks = [int(k[i]) for i in wins]
+    problems = recipes._window_problems(segs, spec, ks)
+    given = _other_guesses(run, wins, problems, starts - 1)
+    fits = _many(
+        problems,
+        [run.labels[i] for i in wins],
+        starts,
+        0.5,
+        run.seed,
+        run.phase1_steps + run.max_steps,
+        run.dtype,
+        None,
+        "refine" if adapt else "report",
+        progress=run.progress,
+        keep=1,
+        first_steps=run.phase1_steps,
+        cause=POOR_CAUSE,
+        given=given,
+    )
+    if reference_check:
+        fits, ref = recipes.reference_check(problems, fits, tolerance=REF_TOL)
+    else:
+        ref = np.full(len(fits), np.nan)
+    out = {}
+    n_phys, n_bias = spec.n_phys, spec.n_bias
+    for j, (i, f, p) in enumerate(zip(wins, fits, problems)):
+        k[i] = int(f.substeps)
+        cov = np.asarray(f.covariance_classical, float)  # [ratios | drag | bias | omega0]
+        w0 = np.asarray(f.initial, float)[0]
+        b = np.asarray(f.sensor[0]["bias"], float) if spec.bias else np.zeros(3)
+        xp = np.concatenate([np.ravel(f.values["ratios"]), np.ravel(f.values.get("drag", [])), b[:n_bias], w0])
+        est, se, J = _estimates(run, xp[:n_phys], cov[:n_phys, :n_phys])
+        row = dict(
+            status=f.status,
+            # fit_inertia's option names the sub-steps (the layer's message, the Problem's field)
+            reason="" if f.status == FitStatus.CONVERGED else f.message.replace("Problem.substeps", "substeps"),
+            rms=float(f.rms[0]),
+            rms_reference=float(ref[j]),
+            iterations=int(f.iterations),
+            optimality=float(f.decrement),
+            omega0=w0.tolist(),
+            omega0_se=np.sqrt(np.maximum(np.diag(cov)[-3:], 0)).tolist(),
+            estimates=est,
+            se=se,
+            step_shift_se=_shift_se(run, f, J, se, cov),
+            _theta=phys_theta(xp[None, :n_phys], spec)[0][0],
+            _w0=w0,
+            _bias=b,
+            _xp=xp,
+            _cov=cov,
+            _J=J,
+        )
+        if np.isfinite(f.step_rms):
+            row["step_error_rms"] = float(SECOND_ORDER * p.observations[0].sigma * f.step_rms)
+        if spec.bias:
+            row["bias"] = b.tolist()
+            row["bias_se"] = np.sqrt(np.maximum(np.diag(cov)[n_phys : n_phys + 3], 0)).tolist()
+        out[int(i)] = row
+    return out
+
+
+def _other_guesses(run, wins: np.ndarray, problems, n: int) -> dict:
+    """``{j: (m, P)}`` further start points of window ``wins[j]`` (``m <= n``), in the layer's
+    coordinates: the equation-error estimate of all windows of its recording (one body: a
+    short or noisy window's own linear estimate can be far off), and of the simplest model
+    (principal moments, no drag: the tensor's and the drag's estimates are the least
+    determined) with a drag of 1 % of the trace. Each problem's own start is its window's
+    estimate; random starts fill the rest."""
+    spec = run.spec
+    if n < 1:
+        return {}
+    cands = [[] for _ in wins]
+    by_source = {}
+    for j, i in enumerate(wins):
+        src = run.segs[i].source
+        if src not in by_source:
+            same = [s for s in run.segs if s.source == src]
+            by_source[src] = equation_error_guess(same, spec) if len(same) > 1 else None
+        if by_source[src] is not None:
+            cands[j].append(by_source[src])
+        if spec.tensor or spec.drag:
+            g = equation_error_guess([run.segs[i]], Spec(False, None, False))
+            if g is not None:
+                th = np.zeros(spec.n_theta)
+                th[:3] = g[:3]
+                th[spec.n_icomp :] = 0.01 * np.sum(g[:3])
+                cands[j].append(th)
+    out = {}
+    lay = _Layout(problems[0])  # one structure: the same slots for every window
+    for j, p in enumerate(problems):
+        for theta in cands[j][:n]:
+            x = lay.start()  # the sensor's start (bias 0), then this window's initial rate
+            x[lay.n_global :] = np.asarray(p.initial.guess(p.segments[0].state0), float)
+            values = recipes._window_starts(run.segs[wins[j]], spec, theta)
+            for kind, name, tr, _, off, size in lay.slots:
+                if kind == "model":
+                    x[off : off + size] = np.ravel(tr.inverse(values[name]))
+            out.setdefault(j, []).append(x)
+    return {j: np.array(x) for j, x in out.items()}
+
+
+def _shift_se(run, f, J: np.ndarray, se: dict, cov: np.ndarray) -> dict:
+    """The rows' ``step_shift_se``: how far the step error moves each reported quantity, in its
+    (classical) standard errors, signed as fitted minus exact (the layer's ``step_delta`` is
+    exact minus fitted), at the second-order factor (:data:`SECOND_ORDER`). Empty where the
+    check did not run or failed."""
+    delta = np.asarray(f.step_delta, float)
+    n_phys = run.spec.n_phys
+    if delta.size < n_phys or not np.all(np.isfinite(delta)):
+        return {}
+    move = -SECOND_ORDER * delta
+    out = {}
+    for j, name in enumerate(run.names):
+        if np.isfinite(se[name]) and se[name] > 0:
+            out[name] = float(J[j] @ move[:n_phys] / se[name])
+    for a, c in enumerate("xyz"[: run.spec.n_bias]):
+        e = float(np.sqrt(max(cov[n_phys + a, n_phys + a], 0.0)))
+        if e > 0 and np.isfinite(e):
+            out[f"bias_{c}"] = float(move[n_phys + a] / e)
+    return out
+
