@@ -160,4 +160,3 @@ def _shift_se(run, f, J: np.ndarray, se: dict, cov: np.ndarray) -> dict:
         if e > 0 and np.isfinite(e):
             out[f"bias_{c}"] = float(move[n_phys + a] / e)
     return out
-
