@@ -137,6 +137,11 @@ def _combine_windows(run: _Run, rows, pool: str) -> InertiaFit:
     return res
 
 
+#: Rounds of leaving out windows the shared inertia does not explain (each followed by a refit
+#: without them).
+JOINT_ROUNDS = 3
+
+
 def _joint_starts(run: _Run, pooled, theta_w, n: int) -> list[np.ndarray]:
     """Shared model values to start a joint fit from: the median of the windows' estimates,
     the medoid window's, the joint equation-error estimate."""
@@ -182,7 +187,7 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
         return InertiaFit(status=status, message=message, combined=dict(per.combined, n=0), **base)
     theta_all = np.array(per._model["theta"])
     excluded_joint = []
-    for _attempt in range(3):
+    for attempt in range(JOINT_ROUNDS + 1):
         S = len(pooled)
         sources = sorted({rows[i]["recording"] for i in pooled})
         groups = [sources.index(rows[i]["recording"]) for i in pooled] if spec.bias else [0] * S
@@ -225,7 +230,10 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
             and (rms_w[j] > JOINT_MEDIAN * med or S == 1)
             and rms_w[j] > POOR_NOISE * run.noise[i]
         ]
-        if not bad:
+        # the last round refits without the windows the previous one left out and keeps
+        # its windows (QA: leaving windows out after the last fit crashed the report, whose
+        # fit no longer matched the pooled windows)
+        if not bad or attempt == JOINT_ROUNDS:
             break
         for j in bad:
             i = pooled[j]
