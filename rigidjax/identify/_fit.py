@@ -27,13 +27,16 @@ What :func:`fit_inertia` does, window by window:
 3. **Keeps the step error out of the estimates**: sub-steps per sample interval start per
    window from ``|omega| dt`` (:data:`ROT_TARGET` rad per sub-step); the layer's step-error
    check (:mod:`rigidjax.identify._step_error`: Richardson, ``k`` against ``2 k``
-   sub-steps) converts the midpoint step's error into the shift it causes in every
-   estimate and, while a shift exceeds 0.3 standard errors, doubles the window's sub-steps
-   and refits (up to 8 times the first; with a fixed ``substeps`` it only reports, and a
-   shift above 0.3 standard errors is :attr:`~FitStatus.STEP_ERROR`). Each fitted window is
-   then re-simulated by a tight independent integrator (SciPy DOP853,
+   sub-steps, bounded by the first-order factor 2) converts the midpoint step's error into
+   the shift it causes in every estimate and, while a shift exceeds 0.3 classical standard
+   errors (those the rows report), doubles the window's sub-steps and refits (up to 8 times
+   the first; with a fixed ``substeps`` it only reports, and a shift above 0.3 standard
+   errors is :attr:`~FitStatus.STEP_ERROR`). Each fitted window is then re-simulated by a
+   tight independent integrator (SciPy DOP853,
    :func:`~rigidjax.identify.recipes.reference_check`): a residual that differs by more than
-   :data:`REF_TOL` marks it :attr:`~FitStatus.STEP_ERROR`.
+   :data:`REF_TOL` doubles the window's sub-steps again (``substeps="auto"``, up to
+   :data:`K_MAX`, refitted from its optimum), else marks it :attr:`~FitStatus.STEP_ERROR`.
+   The rows state the shift at the midpoint step's second-order factor (4/3).
 4. **Judges each window**: a residual above 5x the median over the windows of its recording
    (over all windows where it has fewer than 3) or 25 % of the window's signal, and above 10x
    its noise, is :attr:`~FitStatus.POOR_FIT` (a wrong basin or not free flight); so is a
@@ -177,6 +180,8 @@ def fit_inertia(
     ):
         if not (isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= lo):
             raise FitError(f"{name} must be an integer >= {lo}; got {v!r}")
+    if progress is not None and not callable(progress):
+        raise FitError(f"progress must be a callable progress(n_active) or None; got {progress!r}")
     if pool not in ("consistent", "all"):
         raise FitError(f"pool must be 'consistent' or 'all'; got {pool!r}")
     for name, v, unit in (("max_duration", max_duration, "seconds"), ("max_rate", max_rate, "rad/s")):

@@ -127,12 +127,13 @@ def _many(
     first_steps=None,
     cause="a wrong basin, or motion the model does not describe",
     given=None,
+    classical=False,
 ) -> list[ProblemFit]:
     """:func:`fit_many`: the fits (one program, see :func:`fit_many`); for windows of one body
     (``groups``) the refit of suspect windows from the others' consensus and the poor-fit
     rule across windows (:mod:`rigidjax.identify._across`). ``first_steps``: see
     :func:`~rigidjax.identify._problem_fit._fit`, and ``given`` (``{w: (n, P)}``, problems
-    numbered as in ``problems``); ``cause``: what a poor fit's message names as its likely
+    numbered as in ``problems``) and ``classical``; ``cause``: what a poor fit's message names as its likely
     cause (fit_inertia: "not free flight")."""
     W = len(problems)
     one_body = groups is not None
@@ -165,6 +166,7 @@ def _many(
             keep=keep,
             first_steps=first_steps,
             given={j: given[w] for j, w in enumerate(idx) if w in given} if given else None,
+            classical=classical,
         )
     except ValueError as e:  # name the problems by their place in the call
         msg = str(e)

@@ -135,6 +135,7 @@ def _fit(
     keep=None,
     first_steps=None,
     given=None,
+    classical=False,
 ):
     """The fit of :func:`fit` and :func:`~rigidjax.identify.fit_many`. ``sigma_rule``: see
     :func:`~rigidjax.identify._problem_result.result`. ``refits``: a list to which the fit
@@ -149,7 +150,8 @@ def _fit(
     the first phase's iterations where ``keep`` is below ``starts`` (default
     :data:`_across.RESCUE_FIRST_STEPS`; fit_inertia's ``phase1_steps``); ``given``: ``{w:
     (n, P)}`` start points of problem ``w`` that replace its first random starts (after its
-    own start; fit_inertia's other equation-error estimates)."""
+    own start; fit_inertia's other equation-error estimates); ``classical``: the step-error
+    check's shifts in the classical standard errors (:func:`refine_steps`)."""
     if progress is not None and not callable(progress):
         raise TypeError(f"{name}: progress must be a callable progress(n_active) or None; got {progress!r}")
     if isinstance(starts, bool) or not isinstance(starts, (int, np.integer)) or starts < 1:
@@ -288,6 +290,7 @@ def _fit(
                 known,
                 progress,
                 shared,
+                classical,
             )
         held = held_at_bounds(lay, x, g)
         if held:

@@ -105,7 +105,7 @@ def finer_caller(problems, layout, dtype, N, rows: int | None = None):
     return at
 
 
-def _step_shift(problem, layout, out, run, x, dtype, N, finer=None, shape=None) -> tuple:
+def _step_shift(problem, layout, out, run, x, dtype, N, finer=None, shape=None, classical=False) -> tuple:
     """:func:`shift` at ``x``, ``(shift, delta, rms)`` (NaN where a step failed at twice the
     steps; segments padded to ``N``; ``finer``: ``(r_2k, ok)`` at ``x`` where already
     evaluated, see :func:`finer_caller`; ``shape``: see :func:`refine_steps`)."""
@@ -117,7 +117,7 @@ def _step_shift(problem, layout, out, run, x, dtype, N, finer=None, shape=None) 
     r_2k, ok = finer
     if not ok:
         return np.full(len(out.names), np.nan), np.full(len(out.names), np.nan), float("nan")
-    se = np.sqrt(np.maximum(np.diag(out.covariance), 0))
+    se = _se(out, classical)
     values = flat_values_of(problem, layout, dtype)
     return shift(r_k[0], np.asarray(r_2k, float), J[0], x, values, se, out.measured)
 
@@ -137,6 +137,7 @@ def refine_steps(
     finer=None,
     progress=None,
     shape=None,
+    classical=False,
 ):
     """The step-error check (:mod:`rigidjax.identify._step_error`): while the stepper's error
     moves a value by more than ``STEP_SHIFT_MAX`` standard errors, double ``substeps`` (at most
@@ -149,15 +150,18 @@ def refine_steps(
     the refits and checks at other steps then run through that program with this problem in every row of its data (the
     same shapes: no trace or compilation; a 32-row call per iteration, ~7 ms for the racquet
     windows, instead of a program traced and compiled for one problem, 1.5-5 s); ``None``: a
-    program for this problem alone."""
+    program for this problem alone. ``classical``: shifts in the classical standard errors
+    (fit_inertia's rows report those) instead of the reported ones (:func:`_se`)."""
     first, previous, roundoff = out, np.inf, False
-    se_first = _se(first)
+    se_first = _se(first, classical)
     for doubling in range(MAX_DOUBLINGS + 1):
-        shift, delta, rms = _step_shift(problem, layout, out, run, x, dtype, N, finer if doubling == 0 else None, shape)
+        shift, delta, rms = _step_shift(
+            problem, layout, out, run, x, dtype, N, finer if doubling == 0 else None, shape, classical
+        )
         worst = int(np.nanargmax(shift)) if np.any(np.isfinite(shift)) else 0
         # the shift itself (not in this fit's standard errors, which shrink with the model
         # error they contain), in the first fit's standard errors: a fixed scale
-        se_now = _se(out)
+        se_now = _se(out, classical)
         ok = np.isfinite(se_now) & np.isfinite(se_first) & (se_first > 0)
         moved = float(np.max(np.where(ok, shift * np.where(ok, se_now, 0.0) / np.where(ok, se_first, 1.0), shift)))
         out = dataclasses.replace(out, substeps=problem.substeps, step_shift=shift, step_delta=delta, step_rms=rms)
@@ -218,8 +222,12 @@ def refine_steps(
     return _conclude(out, first.substeps, roundoff), x, g
 
 
-def _se(out) -> np.ndarray:
-    """The standard errors of ``out``'s flattened values (``names`` order)."""
+def _se(out, classical: bool = False) -> np.ndarray:
+    """The standard errors of ``out``'s flattened values (``names`` order): the reported ones
+    (the larger of classical and sandwich), or the classical ones alone (``classical``)."""
+    if classical:
+        V = len(out.names)
+        return np.sqrt(np.maximum(np.diag(np.asarray(out.covariance_classical, float))[:V], 0.0))
     return np.sqrt(np.maximum(np.diag(np.asarray(out.covariance, float)), 0.0))
 
 

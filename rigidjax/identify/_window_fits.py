@@ -11,14 +11,19 @@ Part of :func:`rigidjax.identify.fit_inertia` (module docstring of :mod:`rigidja
 
 from __future__ import annotations
 
+import dataclasses
+import re
+import warnings
+
 import numpy as np
 
 from . import recipes
 from ._fit_many import _many
+from ._problem_fit import _fit
 from ._model import Spec, equation_error_guess, phys_theta
 from ._result import FitStatus
 from ._step_error import RICHARDSON
-from ._windows import REF_TOL, _estimates
+from ._windows import K_MAX, REF_TOL, _estimates
 from .problem import _Layout
 
 #: fit_inertia's rows state the step error by the second-order Richardson factor
@@ -43,26 +48,32 @@ def per_window(run, wins: np.ndarray, k: np.ndarray, starts: int, *, adapt: bool
     ks = [int(k[i]) for i in wins]
     problems = recipes._window_problems(segs, spec, ks)
     given = _other_guesses(run, wins, problems, starts - 1)
-    fits = _many(
-        problems,
-        [run.labels[i] for i in wins],
-        starts,
-        0.5,
-        run.seed,
-        run.phase1_steps + run.max_steps,
-        run.dtype,
-        None,
-        "refine" if adapt else "report",
-        progress=run.progress,
-        keep=1,
-        first_steps=run.phase1_steps,
-        cause=POOR_CAUSE,
-        given=given,
+    options = dict(
+        spread=0.5,
+        seed=run.seed,
+        max_steps=run.phase1_steps + run.max_steps,
+        dtype=run.dtype,
+        pad_to=None,
+        step_check="refine" if adapt else "report",
     )
-    if reference_check:
-        fits, ref = recipes.reference_check(problems, fits, tolerance=REF_TOL)
-    else:
-        ref = np.full(len(fits), np.nan)
+    with warnings.catch_warnings():  # fit_inertia warns of float32 itself
+        warnings.filterwarnings("ignore", message="fit_many: fitting in float32")
+        fits = _many(
+            problems,
+            [run.labels[i] for i in wins],
+            starts,
+            *options.values(),
+            progress=run.progress,
+            keep=1,
+            first_steps=run.phase1_steps,
+            cause=POOR_CAUSE,
+            given=given,
+            classical=True,
+        )
+        if reference_check:
+            fits, ref = _reference_refined(run, problems, fits, adapt, options)
+        else:
+            ref = np.full(len(fits), np.nan)
     out = {}
     n_phys, n_bias = spec.n_phys, spec.n_bias
     for j, (i, f, p) in enumerate(zip(wins, fits, problems)):
@@ -74,8 +85,7 @@ def per_window(run, wins: np.ndarray, k: np.ndarray, starts: int, *, adapt: bool
         est, se, J = _estimates(run, xp[:n_phys], cov[:n_phys, :n_phys])
         row = dict(
             status=f.status,
-            # fit_inertia's option names the sub-steps (the layer's message, the Problem's field)
-            reason="" if f.status == FitStatus.CONVERGED else f.message.replace("Problem.substeps", "substeps"),
+            reason="" if f.status == FitStatus.CONVERGED else _in_our_names(spec, f.message),
             rms=float(f.rms[0]),
             rms_reference=float(ref[j]),
             iterations=int(f.iterations),
@@ -99,6 +109,67 @@ def per_window(run, wins: np.ndarray, k: np.ndarray, starts: int, *, adapt: bool
             row["bias_se"] = np.sqrt(np.maximum(np.diag(cov)[n_phys : n_phys + 3], 0)).tolist()
         out[int(i)] = row
     return out
+
+
+def _reference_refined(run, problems, fits, adapt: bool, options: dict):
+    """:func:`~rigidjax.identify.recipes.reference_check` of the fits; with ``adapt``, a
+    window it marks ``step_error`` (its DOP853 residual more than :data:`REF_TOL` off the
+    fit's own) is refitted at twice its sub-steps (from its optimum and its first start,
+    up to :data:`K_MAX` sub-steps) and checked again. Returns ``(fits, rms_reference)``."""
+    fits = list(fits)
+    checked, ref = recipes.reference_check(problems, fits, tolerance=REF_TOL)
+    for _ in range(8):
+        need = [
+            j
+            for j, (f, c) in enumerate(zip(fits, checked))
+            if adapt and f.status == FitStatus.CONVERGED and c.status == FitStatus.STEP_ERROR and f.substeps < K_MAX
+        ]
+        if not need:
+            break
+        finer = [dataclasses.replace(problems[j], substeps=min(2 * int(fits[j].substeps), K_MAX)) for j in need]
+        o = dict(options, step_check="report")
+        again = _fit(
+            finer,
+            2,
+            *o.values(),
+            False,
+            "fit_inertia",
+            sigma_rule=False,
+            progress=run.progress,
+            keep=1,
+            first_steps=run.phase1_steps,
+            given={a: np.asarray(fits[j].x, float)[None] for a, j in enumerate(need)},
+            classical=True,
+        )
+        redo, ref_new = recipes.reference_check(finer, again, tolerance=REF_TOL)
+        for a, j in enumerate(need):
+            note = f"sub-steps doubled to {again[a].substeps} by the DOP853 check"
+            fits[j] = dataclasses.replace(again[a], message=f"{again[a].message}; {note}")
+            checked[j] = dataclasses.replace(redo[a], message=f"{redo[a].message}; {note}")
+            ref[j] = ref_new[a]
+            problems[j] = finer[a]
+    return checked, ref
+
+
+#: Names in the layer's messages -> fit_inertia's (model values over I_yy, sensor bias, initial rate).
+_PRINCIPAL = ("Ix/Iy", "Iz/Iy")
+_TENSOR = ("Ix/Iy", "Iz/Iy", "Ixy/Iy", "Ixz/Iy", "Iyz/Iy")
+
+
+def _in_our_names(spec, message: str) -> str:
+    """A layer message with its value names as fit_inertia reports them (``ratios[0]`` ->
+    ``Ix/Iy``, ``drag`` -> ``drag/Iy``, ``sensor0.bias[1]`` -> ``bias_y``,
+    ``initial[0][2]`` -> ``omega0_z``) and the sub-step option's name."""
+    ratios = _TENSOR if spec.tensor else _PRINCIPAL
+    message = re.sub(r"\bratios\[(\d)\]", lambda m: ratios[int(m.group(1))], message)
+    drag = spec.drag_names
+    if len(drag) == 1:
+        message = re.sub(r"\bdrag\b(?!/)", drag[0], message)
+    else:
+        message = re.sub(r"\bdrag\[(\d)\]", lambda m: drag[int(m.group(1))], message)
+    message = re.sub(r"\bsensor0\.bias\[(\d)\]", lambda m: "bias_" + "xyz"[int(m.group(1))], message)
+    message = re.sub(r"\binitial\[0\]\[(\d)\]", lambda m: "omega0_" + "xyz"[int(m.group(1))], message)
+    return message.replace("Problem.substeps", "substeps").replace("(1 sub-steps)", "(1 sub-step)")
 
 
 def _other_guesses(run, wins: np.ndarray, problems, n: int) -> dict:

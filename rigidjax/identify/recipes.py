@@ -437,7 +437,10 @@ def _window_starts(s, spec: Spec, theta=None) -> dict:
     # principal frame, stay inside), a vanishing moment (v = 0 with u at 0 or 1: a rod
     # along x or z) at 1e-3 of I_yy; on or beyond those edges the start is refused or
     # cannot be simulated
-    u, v = xs[0, 0], min(max(xs[0, 1], 1e-3), 0.999 * V_MAX)
+    # a guess on a face of the valid set (a thin plate, u = 0 or 1) starts 1e-4 inside it: the
+    # fit reaches the face exactly (a bound of the box), but a start on it is refused as
+    # unphysical by a float32 round-off (QA)
+    u, v = min(max(xs[0, 0], 1e-4), 1 - 1e-4), min(max(xs[0, 1], 1e-3), 0.999 * V_MAX)
     moments = np.array([v + 1 - u, 1.0, u + v])
     inertia = R[0] @ np.diag(moments) @ R[0].T  # I_2 = 1
     if spec.tensor:
