@@ -62,7 +62,7 @@ def per_window(run, wins: np.ndarray, k: np.ndarray, starts: int, *, adapt: bool
             problems,
             [run.labels[i] for i in wins],
             starts,
-            *options.values(),
+            **options,
             progress=run.progress,
             keep=1,
             first_steps=run.phase1_steps,
@@ -127,13 +127,12 @@ def _reference_refined(run, problems, fits, adapt: bool, options: dict):
         if not need:
             break
         finer = [dataclasses.replace(problems[j], substeps=min(2 * int(fits[j].substeps), K_MAX)) for j in need]
-        o = dict(options, step_check="report")
         again = _fit(
             finer,
             2,
-            *o.values(),
-            False,
-            "fit_inertia",
+            **dict(options, step_check="report"),
+            raise_on_failure=False,
+            name="fit_inertia",
             sigma_rule=False,
             progress=run.progress,
             keep=1,
@@ -147,7 +146,6 @@ def _reference_refined(run, problems, fits, adapt: bool, options: dict):
             fits[j] = dataclasses.replace(again[a], message=f"{again[a].message}; {note}")
             checked[j] = dataclasses.replace(redo[a], message=f"{redo[a].message}; {note}")
             ref[j] = ref_new[a]
-            problems[j] = finer[a]
     return checked, ref
 
 
