@@ -1,5 +1,8 @@
-"""Pooling windows: the combination of per-window estimates, the joint fit of shared inertia,
-and :func:`multistart_check`, the proof by search that a fit reached its minimum.
+"""Pooling windows: the combination of per-window estimates, the joint fit of shared inertia
+(one problem of the identification layer, :func:`~rigidjax.identify.recipes._shared_problem`:
+a segment per window, a gyroscope bias per recording; its total error the cluster sandwich of
+the windows' ``ProblemFit.segment_influence``), and :func:`multistart_check`, the proof by
+search that a fit reached its minimum (its own chart and optimiser: independent of the layer).
 
 Part of :func:`rigidjax.identify.fit_inertia` (module docstring of :mod:`rigidjax.identify._fit`).
 """
@@ -7,11 +10,12 @@ Part of :func:`rigidjax.identify.fit_inertia` (module docstring of :mod:`rigidja
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
 import numpy as np
 
-from . import _combine, _lm
+from . import _combine
 from ._derived import FitError, lower_bound, standard_errors
 from ._model import (
     chart_theta,
@@ -24,24 +28,22 @@ from ._model import (
 )
 from ._across import POOR_NOISE
 from ._verdict import REL_SE_MAX
+from . import recipes
 from ._fit_many import multistart_problems
+from ._problem_fit import _fit
+from ._window_fits import SECOND_ORDER, _in_our_names, _shift_se
+from .problem import _Layout
 from ._problem_result import ProblemFit
 from ._result import FitStatus, InertiaFit
 from ._windows import (
     JOINT_MEDIAN,
     JOINT_OWN,
-    K_MAX,
     REF_TOL,
-    SHIFT_MAX,
-    _LM_STATUS,
     _Run,
-    _covariance,
     _estimates,
     _full_x,
     _medoid,
     _overall,
-    _step_shift,
-    _to_phys,
 )
 
 
@@ -154,7 +156,9 @@ def _joint_starts(run: _Run, pooled, theta_w, n: int) -> list[np.ndarray]:
 
 
 def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, starts: int) -> InertiaFit:
-    """Joint mode: the pooled windows with one shared inertia (see module).
+    """Joint mode: the pooled windows with one shared inertia (see the module and
+    :mod:`rigidjax.identify._fit`), at most :data:`JOINT_ROUNDS` rounds of leaving out windows
+    the shared body does not explain, the last fit with the layer's step-error check.
 
     Pooled: the windows of the pooled recordings whose own fit reached its minimum, including
     those that alone could not determine the ratios (a joint fit may). Each row keeps its own
@@ -192,33 +196,13 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
         sources = sorted({rows[i]["recording"] for i in pooled})
         groups = [sources.index(rows[i]["recording"]) for i in pooled] if spec.bias else [0] * S
         G = max(groups) + 1
-        n_b = spec.n_bias
-        w0 = np.concatenate([per._model["omega0"][i] for i in pooled])
-        b = np.zeros(G * n_b)
-        if spec.bias:
-            for g_ in range(G):
-                b[3 * g_ : 3 * g_ + 3] = np.median(
-                    [per._model["bias"][i] for i, gg in zip(pooled, groups) if gg == g_], 0
-                )
-        good = [i for i in pooled if rows[i]["status"] == FitStatus.CONVERGED] or pooled
-        cands = _joint_starts(run, pooled, theta_all[good], starts)
-        xs, Rs = theta_chart(np.array(cands), spec)
-        x0 = np.concatenate([xs, np.tile(b, (len(cands), 1)), np.tile(w0, (len(cands), 1))], 1)
-        seg_ids = np.tile(np.array(pooled), (len(cands), 1))
         m = 3 * sum(run.segs[i].n for i in pooled)
-        p = spec.n_phys + G * n_b + 3 * S
+        p = spec.n_phys + G * spec.n_bias + 3 * S
         if m <= p:
             raise FitError(f"joint fit: {m} measured values cannot determine its {p} parameters")
-        batch = run.batch(k, seg_ids, groups, "opt", Rs)
-        st = run.lm(batch, x0, np.arange(len(cands)), max_steps=run.phase1_steps)
-        best = int(np.argmin(np.where(st["ok"], st["cost"], np.inf)))
-        keep = _lm.select(st, [best])
-        keep["rows"] = np.array([0])
-        batch = run.batch(k, seg_ids[best : best + 1], groups, "opt", Rs[best : best + 1])
-        st = run.lm(batch, None, None, max_steps=run.max_steps, state=keep)
-        st["R_ref"] = Rs[best : best + 1]
-        rss = st["aux"][0]
-        rms_w = np.sqrt(rss / np.array([3.0 * run.segs[i].n for i in pooled]))
+        good = [i for i in pooled if rows[i]["status"] == FitStatus.CONVERGED] or pooled
+        f = _shared_fit(run, per._model, pooled, groups, k, _joint_starts(run, pooled, theta_all[good], starts))
+        rms_w = np.sqrt(2 * f.segment_cost / np.array([3.0 * run.segs[i].n for i in pooled]))
         med = float(np.median(rms_w))
         # far above the window's own fit and the other windows' (a wrong basin, or a body the
         # others do not share); a window the shared body explains up to model error stays:
@@ -234,6 +218,10 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
         # its windows (QA: leaving windows out after the last fit crashed the report, whose
         # fit no longer matched the pooled windows)
         if not bad or attempt == JOINT_ROUNDS:
+            # the step-error check (refine or report) on the fit that is reported
+            searched = f.iterations
+            if np.all(np.isfinite(rms_w)):  # a fit that could not be evaluated is reported as it is
+                f = _checked(run, f, pooled, groups, k)
             break
         for j in bad:
             i = pooled[j]
@@ -249,83 +237,76 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
         if not pooled:
             status, message = _overall(rows, per.combined.get("excluded", {}), ["no window left to pool"])
             return InertiaFit(status=status, message=message, combined=dict(per.combined, n=0), **base)
-    # ---- report in the reported coordinates; finer sub-steps while the step error shifts an estimate
+    # ---- report in the reported coordinates: [shared | bias per recording | omega0 per window]
+    n_sh = spec.n_phys + G * spec.n_bias
     bias_names = []
     if spec.bias:
         for g_ in range(G):
             src = f" ({sources[g_]})" if G > 1 else ""
             bias_names += [(f"bias_{c}{src}", spec.n_phys + 3 * g_ + a) for a, c in enumerate("xyz")]
-    G_w = len(pooled)
-    R_best = st["R_ref"]
-    for _round in range(8):
-        xp = _to_phys(run, st)
-        phy = run.batch(k, np.array(pooled)[None], groups, "phys")
-        _, A_p, _, ok_p, rss_p = phy.evaluate(xp, np.array([0]))
-        cov, s2, singular = _covariance(A_p[0], float(rss_p[0].sum()), m, phy.P)
-        est, se, J = _estimates(run, xp[0, : spec.n_phys], cov[: spec.n_phys, : spec.n_phys])
-        shifts, rms_e = _step_shift(run, phy, xp, np.array([0]), k, [cov], [s2], [J], bias_names)
-        worst = max((abs(v_) for v_ in shifts[0].values()), default=0.0)
-        if not (run.adapt and worst > SHIFT_MAX and np.any(k[pooled] < K_MAX) and st["ok"][0]):
-            break
-        k[pooled] = np.minimum(2 * k[pooled], K_MAX)
-        batch = run.batch(k, np.array(pooled)[None], groups, "opt", R_best)
-        st = run.lm(batch, st["x"], np.array([0]), max_steps=run.max_steps)
-        st["R_ref"] = R_best
+    ks = f.substeps if isinstance(f.substeps, tuple) else (f.substeps,) * S
+    k[pooled] = np.asarray(ks, k.dtype)
+    cov = np.asarray(f.covariance_classical, float)
+    w0s = np.asarray(f.initial, float)
+    biases = np.array([np.asarray(f.sensor[g_]["bias"], float) for g_ in range(G)]) if spec.bias else np.zeros((G, 3))
+    xp = np.concatenate(
+        [np.ravel(f.values["ratios"]), np.ravel(f.values.get("drag", [])), biases[:, : spec.n_bias].ravel()]
+    )
+    est, se, J = _estimates(run, xp[: spec.n_phys], cov[: spec.n_phys, : spec.n_phys])
+    shifts = _shift_se(run, f, J, se, cov, bias_names)
+    singular = not np.all(np.isfinite(cov[:n_sh, :n_sh]))
     # total: the sandwich over windows (never below the statistical), Student t; where it
     # misses the windows' own interval, the model error pulls the joint estimate: span both
     se_tot = {name: float("nan") for name in run.names}
     intervals = {name: (float("nan"), float("nan")) for name in run.names}
-    widened, dof = [], np.full(len(run.names), float(G_w - 1))
+    widened, dof = [], np.full(len(run.names), float(S - 1))
     sw = None
-    if not singular and G_w > 1:
-        scores = phy.scores(xp[0], 0)
-        sw = _combine.sandwich(A_p[0], scores)
+    if not singular and S > 1:
+        d = np.asarray(f.segment_influence, float)[:, :n_sh]  # (S, n_sh) each window's first-order pull
+        sw = d.T @ d * S / (S - 1)
         se_sw = standard_errors(J, sw[: spec.n_phys, : spec.n_phys])
-        dof = _combine.cluster_dof(J @ (np.linalg.pinv(A_p[0]) @ scores.T)[: spec.n_phys])
+        dof = _combine.cluster_dof(J @ d[:, : spec.n_phys].T)
         for j_, n_ in enumerate(run.names):
             se_tot[n_] = float(np.fmax(se_sw[j_], se[n_]))
-            lo, hi = _combine.t_interval(est[n_], se_tot[n_], dof[j_] if np.isfinite(dof[j_]) else G_w - 1)
+            lo, hi = _combine.t_interval(est[n_], se_tot[n_], dof[j_] if np.isfinite(dof[j_]) else S - 1)
             own = [rows[i]["own"]["estimates"][n_] for i in pooled if rows[i]["own"]["status"] == FitStatus.CONVERGED]
             w_lo, w_hi, _, _ = _combine.window_interval(own)
             if np.isfinite(w_lo) and (w_hi < lo or w_lo > hi):
                 lo, hi = min(lo, w_lo), max(hi, w_hi)
                 widened.append(n_)
             intervals[n_] = (max(lo, lower_bound(n_)), hi)  # never beyond the physically possible
-    theta, _ = phys_theta(xp[:, : spec.n_phys], spec)
-    off_w = spec.n_phys + G * n_b
-    w0s = xp[0, off_w:].reshape(-1, 3)
-    bias_w = np.array(
-        [xp[0, spec.n_phys + 3 * g_ : spec.n_phys + 3 * g_ + 3] if spec.bias else np.zeros(3) for g_ in groups]
-    )
-    bias_se = np.sqrt(np.maximum(np.diag(cov), 0.0)) if np.all(np.isfinite(cov)) else np.full(phy.P, np.inf)
+    theta, _ = phys_theta(xp[None, : spec.n_phys], spec)
+    bias_w = biases[groups]
+    bias_se = np.sqrt(np.maximum(np.diag(cov), 0.0)) if np.all(np.isfinite(cov)) else np.full(cov.shape[0], np.inf)
+    off_w = n_sh  # the windows' initial rates follow the shared and bias values
     ref = (
-        reference_rms([run.segs[i] for i in pooled], np.repeat(theta, len(pooled), 0), w0s, bias_w, spec)
+        reference_rms([run.segs[i] for i in pooled], np.repeat(theta, S, 0), w0s, bias_w, spec)
         if reference_check
-        else np.full(len(pooled), np.nan)
+        else np.full(S, np.nan)
     )
-    lm_status = _LM_STATUS[_lm.LMStatus(int(st["status"][0]))] if (st["ok"][0] and ok_p[0]) else FitStatus.NONFINITE
     rel = [se[key] / abs(est[key]) if est[key] else np.inf for key in ("Ix/Iy", "Iz/Iy")]
-    joint_reason = ""
-    if lm_status == FitStatus.CONVERGED and (singular or max(rel) > REL_SE_MAX):
+    lm_status, joint_reason = f.status, ""
+    if lm_status in (FitStatus.CONVERGED, FitStatus.UNIDENTIFIABLE) and (singular or max(rel) > REL_SE_MAX):
         lm_status = FitStatus.UNIDENTIFIABLE
         joint_reason = "the joint fit: the pooled windows do not determine the inertia ratios"
     elif lm_status != FitStatus.CONVERGED:
-        joint_reason = f"the joint fit: {lm_status.value}"
+        windows = [rows[i]["name"] for i in pooled]
+        joint_reason = f"the joint fit: {lm_status.value} ({_in_our_names(spec, f.message, sources, windows)})"
+    rss_w = 2 * np.asarray(f.segment_cost, float)
     model = per._model
-    n_sh = spec.n_phys + G * n_b  # shared and bias coordinates (the windows' omega0 follow)
     model["joint"] = {
-        "xp": xp[0, :n_sh],
+        "xp": xp[:n_sh],
         "cov": cov[:n_sh, :n_sh],
-        "cov_total": None if sw is None else sw[:n_sh, :n_sh],
+        "cov_total": None if sw is None else sw,
         "bias_names": [name for name, _ in bias_names],
     }
     for j, i in enumerate(pooled):
         r = rows[i]
-        r["rms"] = float(np.sqrt(rss_p[0, j] / (3 * run.segs[i].n)))
+        r["rms"] = float(np.sqrt(rss_w[j] / (3 * run.segs[i].n)))
         r["rms_reference"] = float(ref[j])
         r["omega0"] = w0s[j].tolist()
         r["omega0_se"] = bias_se[off_w + 3 * j : off_w + 3 * j + 3].tolist()
-        r["step_error_rms"] = float(rms_e[0, j])
+        r.pop("step_error_rms", None)  # the window's own fit's; the joint fit's is step_error["rms"]
         r["status"], r["reason"] = lm_status, joint_reason
         if spec.bias:
             ob = spec.n_phys + 3 * groups[j]
@@ -345,16 +326,18 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
     if spec.bias:
         for g_ in range(G):
             ob = spec.n_phys + 3 * g_
-            bias[sources[g_]] = {"value": xp[0, ob : ob + 3].tolist(), "se": bias_se[ob : ob + 3].tolist()}
+            bias[sources[g_]] = {"value": biases[g_].tolist(), "se": bias_se[ob : ob + 3].tolist()}
     method = (
-        f"cluster-robust (sandwich) error over the {G_w} windows, at least the statistical one; Student t with "
-        f"the windows' effective degrees of freedom ({np.nanmin(dof):.1f}-{np.nanmax(dof):.1f} of at most {G_w - 1})"
+        f"cluster-robust (sandwich) error over the {S} windows, at least the statistical one; Student t with "
+        f"the windows' effective degrees of freedom ({np.nanmin(dof):.1f}-{np.nanmax(dof):.1f} of at most {S - 1})"
     )
     if widened:
         method += (
             f"; for {', '.join(widened)} that interval misses the windows' own fits' interval (model error pulls the "
             "joint estimate): the interval spans both"
         )
+    m_tot = sum(3 * run.segs[i].n for i in pooled)
+    s2 = 2 * f.cost / (f.measured - np.size(f.x)) if f.measured and f.measured > np.size(f.x) else float("nan")
     combined = dict(
         per.combined,
         n=len(pooled),
@@ -365,26 +348,100 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
         widened=widened,
         dof={n_: (float(d_) if np.isfinite(d_) else None) for n_, d_ in zip(run.names, dof)},
         sigma=math.sqrt(s2) if math.isfinite(s2) else None,
-        iterations=int(st["it"][0]),
+        iterations=int(searched + f.iterations),
         bias=bias,
     )
-    m_tot = sum(3 * run.segs[i].n for i in pooled)
+    step_rms = float(SECOND_ORDER * f.step_rms) if np.isfinite(f.step_rms) else 0.0
     step_error = {
         "substeps": [int(kk) for kk in k],
-        "rms": float(np.sqrt(np.sum(rms_e[0] ** 2 * np.array([3 * run.segs[i].n for i in pooled])) / m_tot)),
-        "shift_se": shifts[0],
-        "max_shift_se": max((abs(v_) for v_ in shifts[0].values()), default=0.0),
+        "rms": step_rms,
+        "shift_se": shifts,
+        "max_shift_se": max((abs(v_) for v_ in shifts.values()), default=0.0),
     }
     base.update(
         estimates=est,
         uncertainties=se,
         total_uncertainties=se_tot,
         intervals=intervals,
-        rms=float(np.sqrt(rss_p[0].sum() / m_tot)),
+        rms=float(np.sqrt(rss_w.sum() / m_tot)),
         step_error=step_error,
         _model=model,
     )
     return InertiaFit(status=status, message=message, combined=combined, **base)
+
+
+def _shared_fit(run: _Run, model: dict, pooled, groups, k, cands) -> ProblemFit:
+    """The joint fit of the windows ``pooled`` on the layer: one problem
+    (:func:`~rigidjax.identify.recipes._shared_problem`) started from each model value of
+    ``cands`` (the first its own start, with bias 0; the others with each recording's median
+    of its windows' biases), the windows' initial rates from their own fits (``model``);
+    fit_inertia's phases (every start ``phase1_steps`` iterations, the best continued); no
+    step-error check (:func:`_checked` runs it on the fit that is reported) and no sigma rule
+    (sigma 1: the noise is estimated from the residuals)."""
+    spec = run.spec
+    segs = [run.segs[i] for i in pooled]
+    w0 = np.array([model["omega0"][i] for i in pooled])
+    problem = recipes._shared_problem(segs, spec, k[pooled], groups, cands[0], w0)
+    lay = _Layout(problem)
+    x_init = np.concatenate([np.asarray(problem.initial.guess(s.state0), float) for s in problem.segments])
+    xs = []
+    for theta in cands[1:]:
+        x = lay.start()
+        x[lay.n_global :] = x_init
+        values = recipes._window_starts(segs[0], spec, theta)
+        for kind, name, tr, _, off, size in lay.slots:
+            if kind == "model":
+                x[off : off + size] = np.ravel(tr.inverse(values[name]))
+            elif name == "bias":
+                g_ = int(kind[6:])
+                x[off : off + size] = np.median([model["bias"][i] for i, gg in zip(pooled, groups) if gg == g_], 0)
+        xs.append(x)
+    return _layer_fit(
+        run,
+        problem,
+        len(cands),
+        step_check="off",
+        keep=1,
+        first_steps=run.phase1_steps,
+        given={0: np.array(xs)} if xs else None,
+    )
+
+
+def _checked(run: _Run, f: ProblemFit, pooled, groups, k) -> ProblemFit:
+    """The joint fit ``f`` again from its optimum (one start: its model values, moved 1e-4
+    inside a face of the valid set as every start, its initial rates; the biases from 0) with
+    the layer's step-error check: ``refine`` (doubling the
+    sub-steps of every window while an estimate moves more than 0.3 classical standard errors)
+    where fit_inertia adapts the sub-steps, else ``report``."""
+    spec = run.spec
+    segs = [run.segs[i] for i in pooled]
+    xp = np.concatenate([np.ravel(f.values["ratios"]), np.ravel(f.values.get("drag", []))])
+    theta = phys_theta(xp[None], spec)[0][0]
+    problem = recipes._shared_problem(segs, spec, k[pooled], groups, theta, np.asarray(f.initial, float))
+    return _layer_fit(run, problem, 1, step_check="refine" if run.adapt else "report")
+
+
+def _layer_fit(run: _Run, problem, starts: int, **options) -> ProblemFit:
+    """:func:`~rigidjax.identify._problem_fit._fit` of one joint problem with fit_inertia's
+    options (sigma 1, no sigma rule; shifts in classical errors; its iteration caps)."""
+    with warnings.catch_warnings():  # fit_inertia warns of float32 itself
+        warnings.filterwarnings("ignore", message="fit_inertia: fitting in float32")
+        (f,) = _fit(
+            [problem],
+            starts,
+            spread=0.5,
+            seed=run.seed,
+            max_steps=run.phase1_steps + run.max_steps,
+            dtype=run.dtype,
+            pad_to=None,
+            raise_on_failure=False,
+            name="fit_inertia",
+            sigma_rule=False,
+            progress=run.progress,
+            classical=True,
+            **options,
+        )
+    return f
 
 
 # ----------------------------------------------------------------------------- proof by search
@@ -467,7 +524,7 @@ def multistart_check(
                 Rs.append(Rc)
                 owner.append(j)
     x0, R_ref, owner = np.concatenate(xs), np.concatenate(Rs), np.array(owner)
-    batch = run.batch(k, wins[owner][:, None], [0], "opt", R_ref)
+    batch = run.batch(k, wins[owner][:, None], [0], R_ref)
     r = run.lm(batch, x0, np.arange(x0.shape[0]), max_steps=max_steps)
     cost = np.where(r["ok"], r["cost"], np.inf)
     out = []

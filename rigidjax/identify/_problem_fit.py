@@ -19,7 +19,7 @@ from . import _across, _lm
 from ._lm import one_blas_thread
 from . import observations as obs
 from ._problem_result import ProblemFit, flat_values, held_at_bounds, result, value_names
-from ._program import _common_length, _evaluator, _stack_segments, call_rows, per_segment
+from ._program import _common_length, _evaluator, _stack_segments, call_rows, heavy, per_segment
 from ._program_key import _structure, _uncoupled
 from ._result import FitStatus
 from ._step_error import finer_caller, refine_steps
@@ -248,7 +248,25 @@ def _fit(
     kept = starts if keep is None else min(keep, starts)
     phase = _across.RESCUE_FIRST_STEPS if first_steps is None else first_steps
     first = max_steps if kept == starts else min(phase, max_steps)
-    st = _two_phase(evaluate, X0, np.arange(W * starts), lo, hi, starts, kept, eps, first, max_steps - first, progress)
+    # a problem whose every row is a large evaluation (a joint fit of many segments) runs its
+    # second phase in calls of its kept rows (another compilation, repaid within a few calls)
+    evaluate_then = evaluate
+    if kept < starts and W * kept < call_rows(W, starts) and heavy(layout, N):
+        evaluate_then = _evaluator(problems, layout, dtype, N, starts, rows=W * kept)[2]
+    st = _two_phase(
+        evaluate,
+        X0,
+        np.arange(W * starts),
+        lo,
+        hi,
+        starts,
+        kept,
+        eps,
+        first,
+        max_steps - first,
+        progress,
+        evaluate_then,
+    )
     cost = np.where(st["ok"], st["cost"], np.inf).reshape(W, kept)
     best = np.argmin(np.where(np.isfinite(cost), cost, np.inf), axis=1)
     rows = np.arange(W) * kept + best
@@ -348,11 +366,11 @@ def _fit(
     return out
 
 
-def _two_phase(evaluate, X, rows, lo, hi, n, keep, eps, first, then, progress) -> dict:
+def _two_phase(evaluate, X, rows, lo, hi, n, keep, eps, first, then, progress, evaluate_then=None) -> dict:
     """:func:`_lm.solve` from the starts ``X`` (consecutive groups of ``n`` per problem): every
     start ``first`` iterations, then the ``keep`` lowest-cost of each group ``then`` more
-    (``then == 0``: one call). Returns the state of the kept rows (``keep`` per group, in
-    group order)."""
+    (``then == 0``: one call; through ``evaluate_then`` where given). Returns the state of the
+    kept rows (``keep`` per group, in group order)."""
     st = _lm.solve(
         evaluate, np.clip(X, lo, hi), rows, lo, hi, eps=eps, max_steps=first, running_scale=True, progress=progress
     )
@@ -362,7 +380,16 @@ def _two_phase(evaluate, X, rows, lo, hi, n, keep, eps, first, then, progress) -
     if then < 1:
         return st
     return _lm.solve(
-        evaluate, None, None, None, None, eps=eps, max_steps=then, state=st, running_scale=True, progress=progress
+        evaluate_then or evaluate,
+        None,
+        None,
+        None,
+        None,
+        eps=eps,
+        max_steps=then,
+        state=st,
+        running_scale=True,
+        progress=progress,
     )
 
 
@@ -413,6 +440,8 @@ def _failed(problem, layout, x0, starts, message, dtype, status=FitStatus.NONFIN
         initial_se=np.full((layout.S, layout.nz), np.inf),
         covariance_classical=np.full((n + layout.S * layout.nz,) * 2, np.inf),
         measured=measured,
+        segment_cost=np.full(layout.S, np.nan),
+        segment_influence=np.full((layout.S, n + layout.S * layout.nz), np.nan),
     )
 
 

@@ -63,6 +63,15 @@ class ProblemFit:
             (the exact model's estimate minus the fitted one, to first order); ``step_rms``:
             the RMS of the step-error estimate over the measured values, in units of their
             ``sigma`` (NaN when the check was not run or a step failed at twice the steps).
+        segment_cost: ``(S,)`` each segment's part of ``cost`` (``1/2 sum r^2`` over its
+            samples, weighted residuals).
+        segment_influence: ``(S, V + S nz)`` each segment's first-order influence on the
+            flattened values (``names`` order) and the initial-state unknowns:
+            ``T A^+ J_s^T r_s`` (``A = J^T J``, ``T`` the values' Jacobian), to first order how
+            far leaving the segment out would move them. Segments as clusters: the
+            cluster-robust (sandwich) covariance is ``sum_s d_s d_s^T S / (S - 1)``, robust to
+            model error that differs between segments (fit_inertia's joint mode); NaN in the
+            columns of undetermined quantities.
     """
 
     status: FitStatus
@@ -92,6 +101,8 @@ class ProblemFit:
     measured: int | None = None
     step_delta: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
     step_rms: float = float("nan")
+    segment_cost: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
+    segment_influence: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros((0, 0)))
 
     @property
     def too_few(self) -> bool:
@@ -103,8 +114,8 @@ class ProblemFit:
         """JSON-ready: status, message, values and standard errors (the reported and the
         classical ones; lists), sensor parameters, initial unknowns, cost, RMS, the covariance
         with its names, the optimiser's counts, the step check's ``substeps``, ``step_shift``,
-        ``step_delta`` and ``step_rms``, and the unknown vector ``x`` (non-finite numbers as
-        ``null``)."""
+        ``step_delta`` and ``step_rms``, ``segment_cost``, ``segment_influence`` and the unknown
+        vector ``x`` (non-finite numbers as ``null``)."""
 
         def clean(a):
             a = np.asarray(a, float)
@@ -139,6 +150,8 @@ class ProblemFit:
             "step_shift": clean(self.step_shift),
             "step_delta": clean(self.step_delta),
             "step_rms": clean(self.step_rms),
+            "segment_cost": clean(self.segment_cost),
+            "segment_influence": clean(self.segment_influence),
             "x": clean(self.x),
         }
 
@@ -400,6 +413,13 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
     cov_all[:, gone] = np.inf
     se_w_flat = np.sqrt(np.maximum(np.diag(cov_all)[:V_], 0))
     se_init = np.where(gone[V_:], np.inf, np.sqrt(np.maximum(np.diag(cov)[ng:], 0)))
+    # each segment's share of the cost and its first-order influence on the values (the
+    # clusters of a sandwich covariance; padded samples have r = 0 and J = 0)
+    r_real = np.where(real, r, 0.0)
+    segment_cost = 0.5 * np.sum(r_real**2, axis=(1, 2))
+    g_seg = np.einsum("snkp,snk->sp", np.where(real[..., None], J, 0.0), r_real)
+    influence = (T @ Ainv @ g_seg.T).T
+    influence[:, gone] = np.nan
     values, se, se_classical, pos = {}, {}, {}, 0
     for name, v in mv.items():
         v = jax.tree_util.tree_map(np.asarray, v)
@@ -589,4 +609,6 @@ def result(problem, layout, stacked, run, x, st, b, at_best, starts, dtype, sigm
         initial_se=se_init.reshape(layout.S, layout.nz),
         covariance_classical=cov_all,
         measured=m,
+        segment_cost=segment_cost,
+        segment_influence=influence,
     )

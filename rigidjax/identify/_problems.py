@@ -1,10 +1,11 @@
-"""A batch of inertia least-squares problems sharing one layout, evaluated in one compiled call.
+"""A batch of inertia least-squares problems sharing one layout, evaluated in one compiled call:
+the search of :func:`rigidjax.identify.multistart_check` (an :class:`~rigidjax.identify.InertiaFit`'s
+windows refitted from many starts by a fitter independent of the identification layer the fit
+itself ran on: its own chart, evaluator and Levenberg-Marquardt).
 
 Problem ``a`` fits the windows ``seg_ids[a]`` (indices into the padded data) with the unknowns
-``x = [shared (n_sh) | bias per group (3 each) | omega0 per window (3 each)]``: one window
-per problem for per-window fits and multi-starts, all windows for a joint fit. The shared
-part is either the optimiser's chart (bounded, :func:`rigidjax.identify._model.chart_theta`)
-or the reported coordinates (:func:`rigidjax.identify._model.phys_theta`, for covariances).
+``x = [shared (n_sh) | bias per group (3 each) | omega0 per window (3 each)]``; the shared
+part is the optimiser's chart (bounded, :func:`rigidjax.identify._model.chart_theta`).
 
 Every (problem, window) pair is one lane of :func:`rigidjax.identify._model.evaluator`
 (``J^T J``, ``J^T r`` and the RSS in model values, at most 15 forward-mode tangents); the
@@ -17,16 +18,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._model import Spec, chart_theta, evaluator, lane_chunks, lanes, phys_theta
+from ._model import Spec, chart_theta, evaluator, lane_chunks, lanes
 
 
 class Batch:
     """See module. ``data = (omega (Ns, N, 3), weight (Ns, N), dt (Ns, N-1))`` (evaluation
     dtype), ``k (Ns,)`` sub-steps per window, ``seg_ids (nb, S)``, ``groups (S,)`` the bias
-    group of each window slot, ``chart`` ``"opt"`` or ``"phys"``, ``R_ref (nb, 3, 3)``
-    (optimiser chart of a full tensor)."""
+    group of each window slot, ``R_ref (nb, 3, 3)`` (optimiser chart of a full tensor)."""
 
-    def __init__(self, spec: Spec, data, k, seg_ids, groups, *, chart: str, R_ref=None):
+    def __init__(self, spec: Spec, data, k, seg_ids, groups, *, R_ref=None):
         self.spec = spec
         self.data = data
         self.k = np.asarray(k, np.int32)
@@ -34,9 +34,8 @@ class Batch:
         self.S = self.seg_ids.shape[1]
         self.groups = np.asarray(groups, int)
         self.G = int(self.groups.max()) + 1
-        self.chart = chart
         self.R_ref = None if R_ref is None else np.asarray(R_ref, float)
-        self.n_sh = spec.n_chart if chart == "opt" else spec.n_phys
+        self.n_sh = spec.n_chart
         self.n_b = spec.n_bias
         self.P = self.n_sh + self.G * self.n_b + 3 * self.S
         self.dtype = data[0].dtype
@@ -58,18 +57,12 @@ class Batch:
         """``(lo, hi)`` ``(nb, P)``: the chart's box on the shared part, free elsewhere."""
         lo = np.full((nb, self.P), -np.inf)
         hi = np.full((nb, self.P), np.inf)
-        if self.chart == "opt":
-            l_, h_ = self.spec.chart_bounds()
-            lo[:, : self.n_sh] = l_
-            hi[:, : self.n_sh] = h_
+        lo[:, : self.n_sh], hi[:, : self.n_sh] = self.spec.chart_bounds()
         return lo, hi
 
     def theta(self, x, rows):
         """Model values ``(na, n_theta)`` and ``d theta / d shared`` of the points ``x``."""
-        sh = x[:, : self.n_sh]
-        if self.chart == "opt":
-            return chart_theta(sh, None if self.R_ref is None else self.R_ref[rows], self.spec)
-        return phys_theta(sh, self.spec)
+        return chart_theta(x[:, : self.n_sh], None if self.R_ref is None else self.R_ref[rows], self.spec)
 
     def lanes_of(self, x, rows):
         """Per (problem, window) lane: ``theta, w0, bias, window index``, flattened ``(na*S, …)``."""
@@ -145,12 +138,3 @@ class Batch:
         cost = 0.5 * rss.sum(1)
         ok = ok & np.isfinite(cost) & np.all(np.isfinite(A), axis=(1, 2))
         return cost, A, g, ok, rss
-
-    def scores(self, x, row: int) -> np.ndarray:
-        """Each window's gradient contribution ``J_w^T r_w`` ``(S, P)`` at ``x (P,)`` of problem
-        ``row`` (the clusters of a sandwich covariance)."""
-        _, g_loc, _, _ = self._local(np.asarray(x, float)[None], np.array([row]))
-        out = np.zeros((self.S, self.P))
-        for s in range(self.S):
-            out[s, self.idx[s]] = g_loc[0, s]
-        return out

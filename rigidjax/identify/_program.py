@@ -362,6 +362,15 @@ NORMAL_ENTRIES = 4e6
 NORMAL_PRODUCTS = 1e8
 
 
+def heavy(layout, N: int) -> bool:
+    """Whether one row (one point of one problem) of ``layout``'s problems padded to ``N``
+    samples is a large evaluation: a Jacobian of more than :data:`NORMAL_ENTRIES` entries
+    (a joint fit of the 69 racquet flips: 69 x 119 x 3 x 228 = 5.6M, ~0.12 s per row on the
+    2-core VM). Such a fit's second phase, with one kept start of three, ran in calls of
+    three rows, 0.32 s each; in calls of one, 0.12 s."""
+    return layout.S * N * 3 * len(layout.lo) > NORMAL_ENTRIES
+
+
 def _chunked(fn, X, which, rows: int):
     """``fn(X, which)`` in calls of ``rows`` rows (the last padded with copies of its first
     row), dispatched before any result is read; the outputs concatenated (NumPy)."""

@@ -76,12 +76,29 @@ def shift(r_k: np.ndarray, r_2k: np.ndarray, J: np.ndarray, x: np.ndarray, value
         units of their ``sigma``.
     """
     e = RICHARDSON * (np.asarray(r_k, float) - np.asarray(r_2k, float))
-    dx = np.linalg.lstsq(J, e, rcond=1e-12)[0]
+    dx = gauss_newton_step(J, e)
     delta = np.asarray(values(x + dx), float) - np.asarray(values(x), float)
     se = np.asarray(se, float)
     ok = np.isfinite(se) & (se > 0)
     m = e.size if measured is None else max(int(measured), 1)
     return np.where(ok, np.abs(delta) / np.where(ok, se, 1.0), 0.0), delta, float(np.sqrt(np.sum(e**2) / m))
+
+
+def gauss_newton_step(J: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """``(J^T J)^+ J^T e`` for ``J (m, P)``, ``e (m,)``: from the normal equations scaled to
+    a unit diagonal, the pseudo-inverse on eigenvalues above 1e-12 of the largest (the
+    directions the data determine, as the fit's covariance). Not ``lstsq`` on ``J`` (an SVD):
+    in fit_inertia's joint fit of the 69 racquet flips with a bias per recording (a Jacobian
+    of 24.6k x 213) it took 3.9 s of the warm fit's 20.5 s, this 0.4 s (the fit 15.4 s); the
+    results agree to 1e-13 (relative) on a random matrix of that shape and condition 1e3.
+    The shift is a first-order estimate judged at 0.3 standard errors: the squared
+    condition number of the scaled equations costs nothing there in float64."""
+    J = np.asarray(J, float)
+    A = J.T @ J
+    d = np.sqrt(np.maximum(np.diag(A), 1e-300))
+    w, V = np.linalg.eigh(A / d[:, None] / d[None, :])
+    keep = w > 1e-12 * max(w.max(), 1e-300)
+    return (V[:, keep] / w[keep]) @ (V[:, keep].T @ ((J.T @ np.asarray(e, float)) / d)) / d
 
 
 def finer_caller(problems, layout, dtype, N, rows: int | None = None):

@@ -154,10 +154,12 @@ _PRINCIPAL = ("Ix/Iy", "Iz/Iy")
 _TENSOR = ("Ix/Iy", "Iz/Iy", "Ixy/Iy", "Ixz/Iy", "Iyz/Iy")
 
 
-def _in_our_names(spec, message: str) -> str:
+def _in_our_names(spec, message: str, sources=None, windows=None) -> str:
     """A layer message with its value names as fit_inertia reports them (``ratios[0]`` ->
     ``Ix/Iy``, ``drag`` -> ``drag/Iy``, ``sensor0.bias[1]`` -> ``bias_y``,
-    ``initial[0][2]`` -> ``omega0_z``) and the sub-step option's name."""
+    ``initial[0][2]`` -> ``omega0_z``) and the sub-step option's name. A joint fit's
+    (``sources``: the recording of each gyroscope, ``windows``: the name of each segment):
+    ``sensor1.bias[1]`` -> ``bias_y (recording)``, ``initial[4][2]`` -> ``omega0_z (window)``."""
     ratios = _TENSOR if spec.tensor else _PRINCIPAL
     message = re.sub(r"\bratios\[(\d)\]", lambda m: ratios[int(m.group(1))], message)
     drag = spec.drag_names
@@ -165,8 +167,16 @@ def _in_our_names(spec, message: str) -> str:
         message = re.sub(r"\bdrag\b(?!/)", drag[0], message)
     else:
         message = re.sub(r"\bdrag\[(\d)\]", lambda m: drag[int(m.group(1))], message)
-    message = re.sub(r"\bsensor0\.bias\[(\d)\]", lambda m: "bias_" + "xyz"[int(m.group(1))], message)
-    message = re.sub(r"\binitial\[0\]\[(\d)\]", lambda m: "omega0_" + "xyz"[int(m.group(1))], message)
+    message = re.sub(
+        r"\bsensor(\d+)\.bias\[(\d)\]",
+        lambda m: "bias_" + "xyz"[int(m.group(2))] + (f" ({sources[int(m.group(1))]})" if sources else ""),
+        message,
+    )
+    message = re.sub(
+        r"\binitial\[(\d+)\]\[(\d)\]",
+        lambda m: "omega0_" + "xyz"[int(m.group(2))] + (f" ({windows[int(m.group(1))]})" if windows else ""),
+        message,
+    )
     return message.replace("Problem.substeps", "substeps").replace("(1 sub-steps)", "(1 sub-step)")
 
 
@@ -210,11 +220,12 @@ def _other_guesses(run, wins: np.ndarray, problems, n: int) -> dict:
     return {j: np.array(x) for j, x in out.items()}
 
 
-def _shift_se(run, f, J: np.ndarray, se: dict, cov: np.ndarray) -> dict:
+def _shift_se(run, f, J: np.ndarray, se: dict, cov: np.ndarray, bias_names=None) -> dict:
     """The rows' ``step_shift_se``: how far the step error moves each reported quantity, in its
     (classical) standard errors, signed as fitted minus exact (the layer's ``step_delta`` is
     exact minus fitted), at the second-order factor (:data:`SECOND_ORDER`). Empty where the
-    check did not run or failed."""
+    check did not run or failed. ``bias_names``: ``[(name, index)]`` of the biases in the
+    fit's values (default: one gyroscope's, ``bias_x`` ... after the model values)."""
     delta = np.asarray(f.step_delta, float)
     n_phys = run.spec.n_phys
     if delta.size < n_phys or not np.all(np.isfinite(delta)):
@@ -224,8 +235,10 @@ def _shift_se(run, f, J: np.ndarray, se: dict, cov: np.ndarray) -> dict:
     for j, name in enumerate(run.names):
         if np.isfinite(se[name]) and se[name] > 0:
             out[name] = float(J[j] @ move[:n_phys] / se[name])
-    for a, c in enumerate("xyz"[: run.spec.n_bias]):
-        e = float(np.sqrt(max(cov[n_phys + a, n_phys + a], 0.0)))
+    if bias_names is None:
+        bias_names = [(f"bias_{c}", n_phys + a) for a, c in enumerate("xyz"[: run.spec.n_bias])]
+    for name, a in bias_names:
+        e = float(np.sqrt(max(cov[a, a], 0.0)))
         if e > 0 and np.isfinite(e):
-            out[f"bias_{c}"] = float(move[n_phys + a] / e)
+            out[name] = float(move[a] / e)
     return out

@@ -1,5 +1,5 @@
 """fit_inertia's windows and shared state: the input checks and labels, the initial sub-steps,
-the reported coordinates and their covariance, the step-error shift and the overall verdict
+the reported quantities and their errors, and the overall verdict
 (the per-window fits themselves: :mod:`rigidjax.identify._window_fits`; the joint fit:
 :mod:`rigidjax.identify._joint`).
 
@@ -17,12 +17,9 @@ from ..io import Segment, load
 from . import _lm
 from ._derived import FitError, derived_jacobian, names, standard_errors
 from ._model import (
-    chart_theta,
     noise_and_signal,
     pad,
     pad_length,
-    simulate,
-    theta_phys,
 )
 from ._across import medoid
 from ._problems import Batch
@@ -62,12 +59,6 @@ _SEVERITY = (
     FitStatus.UNIDENTIFIABLE,
     FitStatus.CONVERGED,
 )
-_LM_STATUS = {
-    _lm.LMStatus.CONVERGED: FitStatus.CONVERGED,
-    _lm.LMStatus.MAX_STEPS: FitStatus.MAX_STEPS,
-    _lm.LMStatus.NONFINITE: FitStatus.NONFINITE,
-    _lm.LMStatus.STALLED: FitStatus.STALLED,
-}
 
 
 def _as_segments(data) -> list[Segment]:
@@ -136,8 +127,8 @@ class _Run:
         if self.progress is not None:
             self.progress(n_active)
 
-    def batch(self, k, seg_ids, groups, chart, R_ref=None):
-        return Batch(self.spec, self.data, k, seg_ids, groups, chart=chart, R_ref=R_ref)
+    def batch(self, k, seg_ids, groups, R_ref=None):
+        return Batch(self.spec, self.data, k, seg_ids, groups, R_ref=R_ref)
 
     def lm(self, batch, x0, rows, *, max_steps, state=None):
         lo, hi = batch.bounds(x0.shape[0]) if state is None else (None, None)
@@ -173,79 +164,11 @@ def _medoid(theta: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------- reported coordinates
 
 
-def _to_phys(run: _Run, st: dict) -> np.ndarray:
-    """LM states in the optimiser's chart -> problem vectors in the reported coordinates."""
-    spec = run.spec
-    theta, _ = chart_theta(st["x"][:, : spec.n_chart], st.get("R_ref"), spec)
-    return np.concatenate([theta_phys(theta, spec), st["x"][:, spec.n_chart :]], 1)
-
-
-def _covariance(A, rss_total, m, p):
-    """``(cov, s^2, singular)``: ``s^2 (J^T J)^-1`` with ``s^2 = RSS / (m - p)``."""
-    dof = m - p
-    s2 = rss_total / dof if dof > 0 else float("nan")
-    d = np.sqrt(np.maximum(np.diag(A), 1e-300))
-    An = A / d[:, None] / d[None, :]
-    w = np.linalg.eigvalsh(An)
-    if not np.all(np.isfinite(w)) or w.min() <= 1e-14 * w.max() or not np.isfinite(s2):
-        return np.full_like(A, np.inf), s2, True
-    return s2 * np.linalg.inv(An) / d[:, None] / d[None, :], s2, False
-
-
 def _estimates(run: _Run, xp_sh: np.ndarray, cov_sh: np.ndarray):
     """Named estimates and standard errors of the reported shared coordinates."""
     v, J = derived_jacobian(xp_sh, run.spec, run.scale)
     se = standard_errors(J, cov_sh)
     return dict(zip(run.names, map(float, v))), dict(zip(run.names, map(float, se))), J
-
-
-def _step_shift(run: _Run, batch: Batch, xp: np.ndarray, rows, k: np.ndarray, covs, s2s, Js, bias_names) -> tuple:
-    """Richardson estimate of the step error of each problem at ``xp`` and the first-order
-    shift it causes in every reported quantity, in standard errors.
-
-    ``e = (w_k - w_2k) / (1 - 2^-2)`` (second order); the least-squares estimate moves by
-    ``-(J^T J)^-1 J^T e``; ``J^T e`` comes from the fit's own evaluator with the data replaced
-    by ``w_k + b - e``. Returns ``(shift_se dicts, step error RMS per window (na, S))``."""
-    th, w0, bias, segs, _ = batch.lanes_of(xp, rows)
-    dt = run.data[2][segs]
-    kk = k[segs]
-    w_k = simulate(run.spec, th, w0, dt, kk, run.dtype)
-    w_2k = simulate(run.spec, th, w0, dt, 2 * kk, run.dtype)
-    e = (w_k - w_2k) / 0.75
-    weight = run.data[1][segs]
-    ms = np.sum(weight, axis=1) * 3
-    rms_e = np.sqrt(np.sum((e * weight[:, :, None]) ** 2, axis=(1, 2)) / np.maximum(ms, 1)).reshape(
-        xp.shape[0], batch.S
-    )
-    fake = np.array(run.data[0], dtype=float)
-    fake[segs] = w_k + bias[:, None, :] - e
-    fb = Batch(
-        run.spec,
-        (fake.astype(run.data[0].dtype), run.data[1], run.data[2]),
-        batch.k,
-        batch.seg_ids,
-        batch.groups,
-        chart="phys",
-    )
-    _, _, g_e, _, _ = fb.evaluate(xp, rows)
-    out = []
-    for a in range(xp.shape[0]):
-        cov, s2, J = covs[a], s2s[a], Js[a]
-        if not (np.all(np.isfinite(cov)) and s2 > 0):
-            out.append({})
-            continue
-        shift = -(cov @ g_e[a]) / s2
-        se = standard_errors(J, cov[: batch.n_sh, : batch.n_sh])
-        d = {}
-        for name, j in zip(run.names, range(J.shape[0])):
-            if np.isfinite(se[j]) and se[j] > 0:
-                d[name] = float(J[j] @ shift[: batch.n_sh] / se[j])
-        for name, idx in bias_names:
-            e_ = math.sqrt(max(cov[idx, idx], 0.0))
-            if e_ > 0:
-                d[name] = float(shift[idx] / e_)
-        out.append(d)
-    return out, rms_e
 
 
 def _initial_substeps(segs, fixed) -> np.ndarray:

@@ -456,36 +456,70 @@ def _window_starts(s, spec: Spec, theta=None) -> dict:
     return out
 
 
+def _window_parameters(spec: Spec, start: dict) -> dict:
+    """The window model's parameters (:func:`window_problems`) started from ``start``
+    (:func:`_window_starts`)."""
+    params = {}
+    if spec.tensor:
+        params["ratios"] = Parameter(_inertia, TensorRatios(), into=TensorRatios.inertia, start=start["ratios"])
+    else:
+        params["ratios"] = Parameter(_inertia, MomentRatios(), into=MomentRatios.inertia, start=start["ratios"])
+    if spec.drag is not None:
+        into = isotropic_drag if spec.drag == "isotropic" else diagonal_drag
+        params["drag"] = Parameter(_resistance, Box(0.0, np.inf), into=into, start=start["drag"])
+    return params
+
+
+def _window_segment(s, omega0=None) -> MeasuredSegment:
+    """Window ``s`` as a segment from ``t = 0``, its initial rate ``omega0`` (default: the first sample)."""
+    w0 = s.omega[0] if omega0 is None else omega0
+    state0 = RigidBodyState(orientation=jnp.array([1.0, 0, 0, 0]), angular_velocity=jnp.asarray(w0))
+    return MeasuredSegment(t=s.t - s.t[0], data={"omega": s.omega}, state0=state0, name=s.name or s.source)
+
+
 def _window_problems(segs, spec: Spec, ks) -> list:
     """:func:`window_problems` of checked windows ``segs`` (fit_inertia checks its own
     bounds) with the model ``spec`` and the sub-steps ``ks`` (one per window)."""
     stepper, initial = _window_parts()
-    problems = []
-    for s, k in zip(segs, ks):
-        start = _window_starts(s, spec)
-        params = {}
-        if spec.tensor:
-            params["ratios"] = Parameter(_inertia, TensorRatios(), into=TensorRatios.inertia, start=start["ratios"])
-        else:
-            params["ratios"] = Parameter(_inertia, MomentRatios(), into=MomentRatios.inertia, start=start["ratios"])
-        if spec.drag is not None:
-            into = isotropic_drag if spec.drag == "isotropic" else diagonal_drag
-            params["drag"] = Parameter(_resistance, Box(0.0, np.inf), into=into, start=start["drag"])
-        state0 = RigidBodyState(orientation=jnp.array([1.0, 0, 0, 0]), angular_velocity=jnp.asarray(s.omega[0]))
-        problems.append(
-            Problem(
-                model=RigidBody(1.0, jnp.eye(3)),
-                stepper=stepper,
-                parameters=params,
-                observations=[obs.AngularVelocity(bias=bool(spec.bias), sigma=noise_level(s.omega))],
-                segments=[
-                    MeasuredSegment(t=s.t - s.t[0], data={"omega": s.omega}, state0=state0, name=s.name or s.source)
-                ],
-                initial=initial,
-                substeps=int(k),
-            )
+    return [
+        Problem(
+            model=RigidBody(1.0, jnp.eye(3)),
+            stepper=stepper,
+            parameters=_window_parameters(spec, _window_starts(s, spec)),
+            observations=[obs.AngularVelocity(bias=bool(spec.bias), sigma=noise_level(s.omega))],
+            segments=[_window_segment(s)],
+            initial=initial,
+            substeps=int(k),
         )
-    return problems
+        for s, k in zip(segs, ks)
+    ]
+
+
+def _shared_problem(segs, spec: Spec, ks, groups, theta, omega0) -> Problem:
+    """fit_inertia's joint model as one problem: the windows ``segs`` (a segment each, its
+    initial rate unknown, started from ``omega0 (S, 3)``, sub-steps ``ks``) share the inertia
+    and drag of ``spec`` (started from the model values ``theta``, ``I_yy`` gauge); with
+    ``spec.bias`` one gyroscope per bias group (``groups (S,)``: 0, 1, ...; the recordings),
+    each reading its windows, else one for all. Residuals in rad/s (``sigma = 1``): the fit
+    estimates the noise from them, as the per-window rows do."""
+    stepper, initial = _window_parts()
+    groups = np.asarray(groups, int)
+    if spec.bias:
+        gyros = [
+            obs.AngularVelocity(bias=True, sigma=1.0, segments=tuple(int(j) for j in np.flatnonzero(groups == g)))
+            for g in range(int(groups.max()) + 1)
+        ]
+    else:
+        gyros = [obs.AngularVelocity(bias=False, sigma=1.0)]
+    return Problem(
+        model=RigidBody(1.0, jnp.eye(3)),
+        stepper=stepper,
+        parameters=_window_parameters(spec, _window_starts(segs[0], spec, theta)),
+        observations=gyros,
+        segments=[_window_segment(s, w) for s, w in zip(segs, omega0)],
+        initial=initial,
+        substeps=tuple(int(k) for k in ks),
+    )
 
 
 def reference_check(problems, fits, *, tolerance: float = REF_TOL):
