@@ -58,7 +58,8 @@ rule and consistency check, and their estimates as starts), then fit the pooled 
 together on the layer (:mod:`rigidjax.identify._joint`): one problem with a segment per
 window (its own initial rate), the shared inertia and drag, a gyroscope bias per recording,
 started from the median of the windows' estimates, the medoid window's and the joint
-equation-error estimate, with the same phases and step-error check. A window whose residual
+equation-error estimate (the first ``starts`` of them), with the same phases and step-error
+check. A window whose residual
 under the shared inertia is far above its own fit's and the others' is left out and the fit
 repeated (:data:`~rigidjax.identify._joint.JOINT_ROUNDS` times at most). The total error is
 the cluster-robust (sandwich) error over windows from each window's first-order influence on

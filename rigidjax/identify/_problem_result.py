@@ -71,7 +71,10 @@ class ProblemFit:
             far leaving the segment out would move them. Segments as clusters: the
             cluster-robust (sandwich) covariance is ``sum_s d_s d_s^T S / (S - 1)``, robust to
             model error that differs between segments (fit_inertia's joint mode); NaN in the
-            columns of undetermined quantities.
+            columns of undetermined quantities. Meaningful at a first-order optimum with no
+            value held at a bound (there the influences sum to zero); at a bound, or where the
+            fit did not converge, they do not. First order: a segment that pulls the fit far
+            (another body among the segments) moves it further than its influence says.
     """
 
     status: FitStatus
