@@ -309,6 +309,13 @@ def test_ctrl_c_ends_with_one_line_and_status_130(tmp_path):
     shell's status for SIGINT (130), not JAX's traceback."""
     import signal
 
+    def as_from_a_terminal():
+        # the child inherits the test process's signal mask: a test worker that ran other tests
+        # may have SIGINT blocked (seen under pytest-xdist: the child then never received it and
+        # finished with 0); a command started from a shell has it unblocked and at its default
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
     env = {**os.environ, NO_CACHE_ENV: "1"}
     p = subprocess.Popen(
         [sys.executable, "-m", "rigidjax", "fit", "--tosses", "2", "--json", str(tmp_path / "out.json")],
@@ -316,6 +323,7 @@ def test_ctrl_c_ends_with_one_line_and_status_130(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=as_from_a_terminal,
     )
     seen = []
     for line in p.stderr:  # one plain line per phase (not a terminal)
