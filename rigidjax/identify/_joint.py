@@ -31,7 +31,7 @@ from ._verdict import REL_SE_MAX
 from . import recipes
 from ._fit_many import multistart_problems
 from ._problem_fit import _fit
-from ._window_fits import SECOND_ORDER, _in_our_names, _shift_se
+from ._window_fits import SECOND_ORDER, _in_our_names, _shift_se, start_vector
 from .problem import _Layout
 from ._problem_result import ProblemFit
 from ._result import FitStatus, InertiaFit
@@ -383,19 +383,11 @@ def _shared_fit(run: _Run, model: dict, pooled, groups, k, cands) -> ProblemFit:
     w0 = np.array([model["omega0"][i] for i in pooled])
     problem = recipes._shared_problem(segs, spec, k[pooled], groups, cands[0], w0)
     lay = _Layout(problem)
-    x_init = np.concatenate([np.asarray(problem.initial.guess(s.state0), float) for s in problem.segments])
-    xs = []
-    for theta in cands[1:]:
-        x = lay.start()
-        x[lay.n_global :] = x_init
-        values = recipes._window_starts(segs[0], spec, theta)
-        for kind, name, tr, _, off, size in lay.slots:
-            if kind == "model":
-                x[off : off + size] = np.ravel(tr.inverse(values[name]))
-            elif name == "bias":
-                g_ = int(kind[6:])
-                x[off : off + size] = np.median([model["bias"][i] for i, gg in zip(pooled, groups) if gg == g_], 0)
-        xs.append(x)
+    biases = [
+        np.median([model["bias"][i] for i, gg in zip(pooled, groups) if gg == g_], 0)
+        for g_ in range(len(problem.observations))
+    ]
+    xs = [start_vector(lay, problem, recipes._window_starts(segs[0], spec, theta), biases) for theta in cands[1:]]
     return _layer_fit(
         run,
         problem,

@@ -210,14 +210,24 @@ def _other_guesses(run, wins: np.ndarray, problems, n: int) -> dict:
     lay = _Layout(problems[0])  # one structure: the same slots for every window
     for j, p in enumerate(problems):
         for theta in cands[j][:n]:
-            x = lay.start()  # the sensor's start (bias 0), then this window's initial rate
-            x[lay.n_global :] = np.asarray(p.initial.guess(p.segments[0].state0), float)
-            values = recipes._window_starts(run.segs[wins[j]], spec, theta)
-            for kind, name, tr, _, off, size in lay.slots:
-                if kind == "model":
-                    x[off : off + size] = np.ravel(tr.inverse(values[name]))
+            x = start_vector(lay, p, recipes._window_starts(run.segs[wins[j]], spec, theta))
             out.setdefault(j, []).append(x)
     return {j: np.array(x) for j, x in out.items()}
+
+
+def start_vector(lay, problem, values: dict, biases=None) -> np.ndarray:
+    """A start point of a window or joint problem (layout ``lay``) in the layer's
+    coordinates: the model ``values`` (:func:`~rigidjax.identify.recipes._window_starts`), each
+    segment's initial rate from its ``state0``, and the gyroscopes' ``biases`` (one (3,) per
+    observation; default: their own start, 0)."""
+    x = lay.start()
+    x[lay.n_global :] = np.concatenate([np.asarray(problem.initial.guess(s.state0), float) for s in problem.segments])
+    for kind, name, tr, _, off, size in lay.slots:
+        if kind == "model":
+            x[off : off + size] = np.ravel(tr.inverse(values[name]))
+        elif name == "bias" and biases is not None:
+            x[off : off + size] = biases[int(kind[6:])]
+    return x
 
 
 def _shift_se(run, f, J: np.ndarray, se: dict, cov: np.ndarray, bias_names=None) -> dict:
