@@ -33,8 +33,14 @@ joint optimum moved 13 of its errors).
 Before pooling, recordings (``Segment.source``) are compared: two recordings agree when for
 every inertia ratio their medians differ by at most 3 times the combined spread of their
 windows (log scale, robust spread; a recording with fewer than 3 windows borrows the pooled
-within-recording spread) or by at most 10 %. The recordings connected by agreement to the
-largest group (most windows) are pooled; the others are named and left out.
+within-recording spread) or by at most 10 %. Groups in which every pair agrees grow
+greedily from the recording with the most windows (:func:`agreement_groups`); the group with
+the most windows is pooled, the others are named and left out. (Connected components of the
+agreement graph, used before, let one loosely determined recording bridge two bodies: on the
+racquet rounds with a gyroscope bias per window, round 1's phone was pooled with the racquet.)
+A joint fit then compares the pooled recordings again, each recording's windows fitted
+jointly (:func:`rigidjax.identify._joint._recordings_agree`), with the same rule on their
+total errors.
 """
 
 from __future__ import annotations
@@ -151,6 +157,45 @@ def cluster_dof(influence) -> np.ndarray:
     return np.where(np.isfinite(g_eff), np.maximum(g_eff - 1.0, 1.0), np.nan)
 
 
+def agreement_groups(values: dict, spread: dict, weight: dict) -> tuple[list, list]:
+    """Groups of recordings whose estimates agree, and the one to pool.
+
+    Two recordings agree when for every ratio their log values differ by at most
+    :data:`Z_AGREE` times the combined spread (``hypot``) or by at most :data:`REL_AGREE`.
+    Groups grow greedily, the recordings taken by decreasing ``weight`` (then in order): each
+    joins the first group all of whose members it agrees with, else starts one. Every pair in
+    a group agrees: a recording that determines little (a wide spread) joins a group without
+    bridging two bodies into one (as connected components of the agreement graph would).
+
+    Args:
+        values: source -> log values ``(K,)``.
+        spread: source -> their 1-sigma spreads ``(K,)`` (log scale; ``inf``: undetermined,
+            agrees with every recording).
+        weight: source -> the number of windows (the group with the most is pooled).
+
+    Returns:
+        ``(pooled sources, groups)``; ``([], [])`` without sources.
+    """
+
+    def agree(a, b):
+        d = np.abs(values[a] - values[b])
+        return bool(np.all((d <= Z_AGREE * np.hypot(spread[a], spread[b])) | (d <= math.log1p(REL_AGREE))))
+
+    groups: list[list] = []
+    for s in sorted(values, key=lambda s_: -weight[s_]):  # stable: ties keep their order
+        for g in groups:
+            if all(agree(s, m) for m in g):
+                g.append(s)
+                break
+        else:
+            groups.append([s])
+    if not groups:
+        return [], []
+    order = list(values)
+    main = max(groups, key=lambda g: (sum(weight[s] for s in g), -min(order.index(s) for s in g)))
+    return sorted(main, key=order.index), groups
+
+
 def consistency(values: dict, keys) -> tuple[list, dict, dict]:
     """Which recordings may be pooled.
 
@@ -174,26 +219,7 @@ def consistency(values: dict, keys) -> tuple[list, dict, dict]:
         v = spread[s] if len(logs[s]) >= 3 else pooled_spread
         sp[s] = np.maximum(np.where(np.isfinite(v), v, pooled_spread), SPREAD_FLOOR)
 
-    def agree(a, b):
-        d = np.abs(med[a] - med[b])
-        return bool(np.all((d <= Z_AGREE * np.hypot(sp[a], sp[b])) | (d <= math.log1p(REL_AGREE))))
-
-    # connected components of the agreement graph
-    comp = {s: None for s in srcs}
-    groups = []
-    for s in srcs:
-        if comp[s] is not None:
-            continue
-        stack, members = [s], []
-        comp[s] = len(groups)
-        while stack:
-            a = stack.pop()
-            members.append(a)
-            for b in srcs:
-                if comp[b] is None and agree(a, b):
-                    comp[b] = comp[s]
-                    stack.append(b)
-        groups.append(members)
+    main, groups = agreement_groups(med, sp, {s: len(logs[s]) for s in srcs})
     summaries = {
         s: {
             k: {"median": float(np.exp(med[s][j])), "spread": float(np.exp(med[s][j]) * sp[s][j]), "n": len(logs[s])}
@@ -203,7 +229,6 @@ def consistency(values: dict, keys) -> tuple[list, dict, dict]:
     }
     if not groups:
         return [], {}, summaries
-    main = max(groups, key=lambda g: (sum(len(logs[s]) for s in g), -groups.index(g)))
     pooled_med = np.median(np.concatenate([logs[s] for s in main]), 0)
     excluded = {}
     for s in srcs:

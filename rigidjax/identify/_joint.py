@@ -155,25 +155,127 @@ def _joint_starts(run: _Run, pooled, theta_w, n: int) -> list[np.ndarray]:
     return cands[: max(1, n)]
 
 
+#: Windows a recording needs for its own cluster error in :func:`_recordings_agree`; one
+#: with fewer borrows the other recordings' ratio of total to statistical error.
+RECORDING_WINDOWS = 3
+
+#: The ratios on which recordings are compared.
+_RATIOS = ("Ix/Iy", "Iz/Iy")
+
+
+def _recordings_agree(run: _Run, rows, model: dict, pooled, k, starts: int) -> tuple[dict, dict]:
+    """Which recordings the joint fit may pool: each recording's determined windows ``pooled``
+    (whatever the per-window check said) fitted jointly alone (one body, its own bias:
+    :func:`_shared_fit`, no leaving out, no step check), its ratios compared with the other recordings' by
+    :func:`~rigidjax.identify._combine.agreement_groups` on their total errors (the cluster
+    sandwich over its windows, at least the statistical error; a recording with fewer than
+    :data:`RECORDING_WINDOWS` windows: its statistical error times the median ratio of total
+    to statistical of the others, or the check is skipped where none has that many).
+
+    Needed where each window fits a gyroscope bias: a window's own bias absorbs much of a
+    wrong inertia, so the windows' estimates scatter too widely to separate bodies (the
+    per-window check, :func:`~rigidjax.identify._combine.consistency`), while a recording's
+    windows share one bias and pin it down. On the racquet rounds with a bias the per-window
+    check pools round 1 (a phone, Ix/Iy ~ 3.8) with the racquet (~ 13.7); its recordings'
+    joint fits give 3.80 +- 0.07 and 13.6-14.1 +- 0.7-1.5. A recording that determines
+    nothing (its fit failed or its ratios are unidentifiable) agrees with every other.
+
+    Returns:
+        ``(excluded {recording: why}, by_recording {recording: {ratio: {value, se}}, n, status}})``;
+        ``excluded`` is ``None`` where the check cannot judge (fewer than two recordings, or
+        none with :data:`RECORDING_WINDOWS` determined windows): the per-window check's verdict
+        stands.
+    """
+    spec = run.spec
+    by_src = {}
+    for i in pooled:
+        by_src.setdefault(rows[i]["recording"], []).append(i)
+    if len(by_src) < 2:
+        return None, {}
+    theta_all = np.array(model["theta"])
+    logs, stat, tot, summary = {}, {}, {}, {}
+    for src, idx in by_src.items():
+        good = [i for i in idx if rows[i]["status"] == FitStatus.CONVERGED] or idx
+        f = _shared_fit(run, model, idx, [0] * len(idx), k, _joint_starts(run, idx, theta_all[good], starts))
+        xp = np.concatenate([np.ravel(f.values["ratios"]), np.ravel(f.values.get("drag", []))])
+        cov = np.asarray(f.covariance_classical, float)[: spec.n_phys, : spec.n_phys]
+        est, se, J = _estimates(run, xp, cov)
+        pick = [run.names.index(n_) for n_ in _RATIOS]
+        v, s_ = np.array([est[n_] for n_ in _RATIOS]), np.array([se[n_] for n_ in _RATIOS])
+        determined = (
+            f.status in (FitStatus.CONVERGED, FitStatus.UNIDENTIFIABLE)
+            and np.all(np.isfinite(v) & (v > 0) & np.isfinite(s_) & (s_ > 0))
+            and np.max(s_ / np.abs(v)) <= REL_SE_MAX
+        )
+        summary[src] = {"status": f.status.value, "n": len(idx)}
+        if not determined:
+            continue
+        logs[src], stat[src] = np.log(v), s_ / v
+        if len(idx) >= RECORDING_WINDOWS:
+            tot[src] = np.fmax(_cluster(f, J, spec.n_phys, spec.n_phys)[1][pick] / v, stat[src])
+    if not tot:  # no recording can say how far model error moves its estimate
+        return None, summary
+    inflate = np.median(np.stack([tot[s_] / stat[s_] for s_ in tot]), 0)
+    spread = {s_: tot.get(s_, stat[s_] * inflate) for s_ in logs}
+    spread.update({s_: np.full(len(_RATIOS), np.inf) for s_ in by_src if s_ not in logs})
+    values = {s_: logs.get(s_, np.zeros(len(_RATIOS))) for s_ in by_src}
+    main, _ = _combine.agreement_groups(values, spread, {s_: len(idx) for s_, idx in by_src.items()})
+    for s_ in logs:
+        summary[s_].update(
+            {
+                n_: {"value": float(np.exp(logs[s_][j])), "se": float(np.exp(logs[s_][j]) * spread[s_][j])}
+                for j, n_ in enumerate(_RATIOS)
+            }
+        )
+    ref = np.median(np.stack([logs[s_] for s_ in main if s_ in logs]), 0) if any(s_ in logs for s_ in main) else None
+    excluded = {}
+    for s_ in by_src:
+        if s_ in main:
+            continue
+        parts = ", ".join(f"{n_} {summary[s_][n_]['value']:.4g} +- {summary[s_][n_]['se']:.2g}" for n_ in _RATIOS)
+        there = ", ".join(f"{n_} {np.exp(ref[j]):.4g}" for j, n_ in enumerate(_RATIOS))
+        excluded[s_] = (
+            f"its {len(by_src[s_])} window(s) fitted jointly give {parts}; the pooled recordings give {there} "
+            f"(apart by more than {_combine.Z_AGREE:g}x their combined total errors and {_combine.REL_AGREE:.0%}): "
+            "a different body or mounting?"
+        )
+    return excluded, summary
+
+
 def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, starts: int) -> InertiaFit:
     """Joint mode: the pooled windows with one shared inertia (see the module and
     :mod:`rigidjax.identify._fit`), at most :data:`JOINT_ROUNDS` rounds of leaving out windows
     the shared body does not explain, the last fit with the layer's step-error check.
 
-    Pooled: the windows of the pooled recordings whose own fit reached its minimum, including
-    those that alone could not determine the ratios (a joint fit may). Each row keeps its own
+    Pooled: the windows whose own fit reached its minimum, including those that alone could
+    not determine the ratios (a joint fit may), of the recordings that agree: judged by the
+    recordings' own joint fits (:func:`_recordings_agree`) where they can judge, else by the
+    per-window check (:func:`_combine_windows`); ``pool="all"``: every recording. Each row keeps its own
     fit under ``own`` (status, rms, estimates, se) and reports the joint fit's residual,
     status and bias."""
     spec = run.spec
-    main = set(per.combined.get("sources") or [])
+    # the per-window check's verdict, which the recordings' joint fits replace where they can judge
+    excluded = dict(per.combined.get("excluded") or {})
+    marked = {i: r["reason"] for i, r in enumerate(rows) if r["status"] == FitStatus.INCONSISTENT}
+    for i in marked:
+        rows[i]["status"], rows[i]["reason"] = FitStatus.CONVERGED, ""
     determined = FitStatus.CONVERGED, FitStatus.UNIDENTIFIABLE
-    pooled = [
-        i
-        for i, r in enumerate(rows)
-        if r["status"] in determined and r.get("estimates") and (pool == "all" or r["recording"] in main)
-    ]
+    pooled = [i for i, r in enumerate(rows) if r["status"] in determined and r.get("estimates")]
+    by_recording = {}
+    if pool != "all":
+        verdict, by_recording = _recordings_agree(run, rows, per._model, pooled, k, starts)
+        if verdict is not None:
+            excluded, marked = verdict, {}
+            for i in pooled:
+                if rows[i]["recording"] in excluded:
+                    marked[i] = "recording not pooled: " + excluded[rows[i]["recording"]]
+        for i, why in marked.items():
+            rows[i]["status"], rows[i]["reason"] = FitStatus.INCONSISTENT, why
+        pooled = [i for i in pooled if i not in marked and rows[i]["recording"] not in excluded]
     for r in rows:
         r["own"] = {key: r.get(key) for key in ("status", "reason", "rms", "estimates", "se", "substeps")}
+        if r["status"] == FitStatus.INCONSISTENT:  # its own fit converged; its recording is not pooled
+            r["own"].update(status=FitStatus.CONVERGED, reason="")
     base = dict(
         mode="joint",
         options={},
@@ -187,8 +289,13 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
         _model=per._model,
     )
     if not pooled:
-        status, message = _overall(rows, per.combined.get("excluded", {}), ["no window left to pool"])
-        return InertiaFit(status=status, message=message, combined=dict(per.combined, n=0), **base)
+        status, message = _overall(rows, excluded, ["no window left to pool"])
+        return InertiaFit(
+            status=status,
+            message=message,
+            combined=dict(per.combined, n=0, excluded=excluded, by_recording=by_recording),
+            **base,
+        )
     theta_all = np.array(per._model["theta"])
     excluded_joint = []
     for attempt in range(JOINT_ROUNDS + 1):
@@ -235,8 +342,13 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
             excluded_joint.append(i)
         pooled = [i for j, i in enumerate(pooled) if j not in bad]
         if not pooled:
-            status, message = _overall(rows, per.combined.get("excluded", {}), ["no window left to pool"])
-            return InertiaFit(status=status, message=message, combined=dict(per.combined, n=0), **base)
+            status, message = _overall(rows, excluded, ["no window left to pool"])
+            return InertiaFit(
+                status=status,
+                message=message,
+                combined=dict(per.combined, n=0, excluded=excluded, by_recording=by_recording),
+                **base,
+            )
     # ---- report in the reported coordinates: [shared | bias per recording | omega0 per window]
     n_sh = spec.n_phys + G * spec.n_bias
     bias_names = []
@@ -262,10 +374,7 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
     widened, dof = [], np.full(len(run.names), float(S - 1))
     sw = None
     if not singular and S > 1:
-        d = np.asarray(f.segment_influence, float)[:, :n_sh]  # (S, n_sh) each window's first-order pull
-        sw = d.T @ d * S / (S - 1)
-        se_sw = standard_errors(J, sw[: spec.n_phys, : spec.n_phys])
-        dof = _combine.cluster_dof(J @ d[:, : spec.n_phys].T)
+        sw, se_sw, dof = _cluster(f, J, spec.n_phys, n_sh)
         for j_, n_ in enumerate(run.names):
             se_tot[n_] = float(np.fmax(se_sw[j_], se[n_]))
             lo, hi = _combine.t_interval(est[n_], se_tot[n_], dof[j_] if np.isfinite(dof[j_]) else S - 1)
@@ -321,7 +430,7 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
         model["omega0"][i] = w0s[j]
         model["bias"][i] = bias_w[j]
         model["substeps"][i] = r["substeps"] = int(k[i])
-    status, message = _overall(rows, per.combined.get("excluded", {}))
+    status, message = _overall(rows, excluded)
     bias = {}
     if spec.bias:
         for g_ in range(G):
@@ -340,6 +449,8 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
     s2 = 2 * f.cost / (f.measured - np.size(f.x)) if f.measured and f.measured > np.size(f.x) else float("nan")
     combined = dict(
         per.combined,
+        excluded=excluded,
+        by_recording=by_recording,
         n=len(pooled),
         windows=pooled,
         sources=sources,
@@ -368,6 +479,16 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
         _model=model,
     )
     return InertiaFit(status=status, message=message, combined=combined, **base)
+
+
+def _cluster(f: ProblemFit, J: np.ndarray, n_phys: int, n_sh: int):
+    """The cluster sandwich of a joint fit ``f`` over its S windows: ``(covariance (n_sh, n_sh)
+    of the shared and bias coordinates, standard errors of the named estimates (Jacobian ``J``
+    of the first ``n_phys``), their degrees of freedom)``."""
+    d = np.asarray(f.segment_influence, float)[:, :n_sh]  # (S, n_sh) each window's first-order pull
+    S = d.shape[0]
+    sw = d.T @ d * S / (S - 1)
+    return sw, standard_errors(J, sw[:n_phys, :n_phys]), _combine.cluster_dof(J @ d[:, :n_phys].T)
 
 
 def _shared_fit(run: _Run, model: dict, pooled, groups, k, cands) -> ProblemFit:

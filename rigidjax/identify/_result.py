@@ -134,8 +134,11 @@ class InertiaFit:
             and signal (rad/s), step_shift_se; in joint mode, rms, status, substeps, omega0 and
             bias are the joint fit's and ``own`` holds the window's own fit.
         combined: how the windows were pooled: ``n``, ``windows`` (their rows), ``sources``,
-            ``excluded`` (recording -> why), ``by_source`` summaries, ``method`` of the
-            intervals; joint mode also ``bias`` (recording -> value and se, rad/s).
+            ``excluded`` (recording -> why), ``by_source`` summaries of the windows' own
+            estimates, ``method`` of the intervals; joint mode also ``bias`` (recording ->
+            value and se, rad/s) and ``by_recording`` (recording -> its windows fitted jointly:
+            ``n``, ``status``, ``Ix/Iy`` and ``Iz/Iy`` with ``value`` and total ``se``; the
+            pooling check).
         rms: residual RMS over the pooled windows, rad/s.
         truth: the true values where known (synthetic data), else ``None``.
         step_error: the simulation's own step error: ``substeps`` (per window), ``rms``
