@@ -200,6 +200,48 @@ def test_consistency_names_the_other_body():
     assert len(main) == 4 and not excluded
 
 
+def test_the_pooled_recordings_are_the_largest_group_that_agrees_pairwise():
+    """``agreement_groups`` against a brute force over every subset (the largest total
+    weight among the subsets in which every pair agrees; ties: the earliest first member):
+    the QA case (A disagrees with C and D; B, loosely determined, agrees with all three: the
+    former greedy growth put B with A and left it out although it agrees with the pooled C
+    and D) and 300 random sets of up to 7 recordings."""
+    import itertools
+
+    def brute(values, spread, weight):
+        order = list(values)
+
+        def agree(a, b):
+            d = np.abs(values[a] - values[b])
+            ok = (d <= _combine.Z_AGREE * np.hypot(spread[a], spread[b])) | (d <= math.log1p(_combine.REL_AGREE))
+            return bool(np.all(ok))
+
+        best = None
+        for r in range(len(order), 0, -1):
+            for c in itertools.combinations(order, r):
+                if all(agree(a, b) for a, b in itertools.combinations(c, 2)):
+                    k = (sum(weight[x] for x in c), [-order.index(x) for x in c])
+                    if best is None or k > best[0]:
+                        best = (k, list(c))
+        return best[1]
+
+    values = {s: np.log(np.array([v])) for s, v in dict(A=4.0, B=9.0, C=13.0, D=14.0).items()}
+    spread = dict(A=np.array([0.02]), B=np.array([1.0]), C=np.array([0.02]), D=np.array([0.02]))
+    weight = dict(A=5, B=1, C=4, D=4)
+    main, apart = _combine.agreement_groups(values, spread, weight)
+    assert main == ["B", "C", "D"] == brute(values, spread, weight) and apart == {"A": ["C", "D"]}
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 8))
+        names = [f"r{i}" for i in range(n)]
+        values = {s: rng.normal(0.0, 0.5, 2) for s in names}
+        spread = {s: np.exp(rng.normal(-2.5, 1.0, 2)) for s in names}
+        weight = {s: int(rng.integers(1, 6)) for s in names}
+        main, apart = _combine.agreement_groups(values, spread, weight)
+        assert main == brute(values, spread, weight)
+        assert all(them and set(them) <= set(main) for them in apart.values()) and set(apart) == set(names) - set(main)
+
+
 def test_chart_jacobian_matches_central_differences():
     """The optimiser's chart (second moments, rotation vector about R_ref, drag) to model
     values: its hand-written Jacobian (the SO(3) right Jacobian for the axes) against central

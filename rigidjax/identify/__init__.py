@@ -25,7 +25,7 @@ r"""Identification from measured motion: inertia from free flights, a pendulum's
 
 from ._derived import FitError, parse_scale
 from ._fit import fit_inertia
-from ._joint import multistart_check
+from ._search import multistart_check
 from ._model import simulate_omega
 from ._result import EXIT_CODES, FitStatus, InertiaFit, exit_code
 from ._stored import keep_programs

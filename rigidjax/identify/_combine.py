@@ -33,14 +33,14 @@ joint optimum moved 13 of its errors).
 Before pooling, recordings (``Segment.source``) are compared: two recordings agree when for
 every inertia ratio their medians differ by at most 3 times the combined spread of their
 windows (log scale, robust spread; a recording with fewer than 3 windows borrows the pooled
-within-recording spread) or by at most 10 %. Groups in which every pair agrees grow
-greedily from the recording with the most windows (:func:`agreement_groups`); the group with
-the most windows is pooled, the others are named and left out. (Connected components of the
+within-recording spread; never below its windows' typical relative statistical error) or by
+at most 10 %. The pooled group is the one with the most windows in which every pair agrees
+(:func:`agreement_groups`); the others are named and left out. (Connected components of the
 agreement graph, used before, let one loosely determined recording bridge two bodies: on the
 racquet rounds with a gyroscope bias per window, round 1's phone was pooled with the racquet.)
-A joint fit then compares the pooled recordings again, each recording's windows fitted
-jointly (:func:`rigidjax.identify._joint._recordings_agree`), with the same rule on their
-total errors.
+A joint fit compares every recording again, each recording's windows fitted jointly
+(:func:`rigidjax.identify._joint._recordings_agree`), with the same rule on their total
+errors; where that check can judge, its verdict replaces this one.
 """
 
 from __future__ import annotations
@@ -157,51 +157,77 @@ def cluster_dof(influence) -> np.ndarray:
     return np.where(np.isfinite(g_eff), np.maximum(g_eff - 1.0, 1.0), np.nan)
 
 
-def agreement_groups(values: dict, spread: dict, weight: dict) -> tuple[list, list]:
-    """Groups of recordings whose estimates agree, and the one to pool.
+def agreement_groups(values: dict, spread: dict, weight: dict) -> tuple[list, dict]:
+    """The recordings to pool: the largest group in which every pair agrees.
 
     Two recordings agree when for every ratio their log values differ by at most
     :data:`Z_AGREE` times the combined spread (``hypot``) or by at most :data:`REL_AGREE`.
-    Groups grow greedily, the recordings taken by decreasing ``weight`` (then in order): each
-    joins the first group all of whose members it agrees with, else starts one. Every pair in
-    a group agrees: a recording that determines little (a wide spread) joins a group without
-    bridging two bodies into one (as connected components of the agreement graph would).
+    The pooled group is the clique of the agreement graph with the most windows (ties: the
+    one whose first recording comes first), found exactly among the maximal cliques
+    (Bron-Kerbosch with pivoting; recordings are few). Every pair in it agrees: a recording
+    that determines little (a wide spread) cannot bridge two bodies into one, as connected
+    components of the agreement graph would.
 
     Args:
         values: source -> log values ``(K,)``.
         spread: source -> their 1-sigma spreads ``(K,)`` (log scale; ``inf``: undetermined,
             agrees with every recording).
-        weight: source -> the number of windows (the group with the most is pooled).
+        weight: source -> the number of windows.
 
     Returns:
-        ``(pooled sources, groups)``; ``([], [])`` without sources.
+        ``(pooled sources in their order, {left-out source: the pooled sources it disagrees
+        with}``; ``([], {})`` without sources. A left-out source disagrees with at least one
+        pooled source (the pooled group is a maximal clique).
     """
+    order = list(values)
 
     def agree(a, b):
         d = np.abs(values[a] - values[b])
         return bool(np.all((d <= Z_AGREE * np.hypot(spread[a], spread[b])) | (d <= math.log1p(REL_AGREE))))
 
-    groups: list[list] = []
-    for s in sorted(values, key=lambda s_: -weight[s_]):  # stable: ties keep their order
-        for g in groups:
-            if all(agree(s, m) for m in g):
-                g.append(s)
-                break
-        else:
-            groups.append([s])
-    if not groups:
-        return [], []
-    order = list(values)
-    main = max(groups, key=lambda g: (sum(weight[s] for s in g), -min(order.index(s) for s in g)))
-    return sorted(main, key=order.index), groups
+    near = {a: {b for b in order if b != a and agree(a, b)} for a in order}
+    best: list = []
+
+    def key(c):
+        return (sum(weight[s_] for s_ in c), [-order.index(s_) for s_ in sorted(c, key=order.index)])
+
+    def expand(r: set, p: set, x: set):
+        nonlocal best
+        if not p and not x:
+            if not best or key(r) > key(best):
+                best = list(r)
+            return
+        pivot = max(p | x, key=lambda u: len(near[u] & p))
+        for v in sorted(p - near[pivot], key=order.index):
+            expand(r | {v}, p & near[v], x & near[v])
+            p = p - {v}
+            x = x | {v}
+
+    if order:
+        expand(set(), set(order), set())
+    main = sorted(best, key=order.index)
+    return main, {s_: [m for m in main if m not in near[s_]] for s_ in order if s_ not in main}
 
 
-def consistency(values: dict, keys) -> tuple[list, dict, dict]:
+def _apart(them: list, main: list) -> str:
+    """Which pooled recordings a left-out one disagrees with, in words."""
+    return "from every pooled recording" if len(them) == len(main) else f"from {len(them)} of the {len(main)} pooled"
+
+
+def consistency(values: dict, keys, errors: dict | None = None) -> tuple[list, dict, dict]:
     """Which recordings may be pooled.
+
+    A recording's spread (log scale) is the robust spread of its windows' estimates (with
+    fewer than 3 windows: the pooled spread of the recordings with 3 or more, else
+    :data:`SPREAD_FLOOR`), at least :data:`SPREAD_FLOOR` and at least the median relative
+    statistical error of its windows: a window's estimate tells no more than its own error
+    (where every recording has one or two poorly determined windows, the floor alone called
+    windows 16 % apart different bodies).
 
     Args:
         values: source -> ``(n_windows, len(keys))`` estimates of positive ratios.
         keys: their names.
+        errors: source -> their standard errors, the same shape (``None``: not used).
 
     Returns:
         ``(pooled sources, excluded {source: reason}, summaries {source: {key: {median,
@@ -218,8 +244,12 @@ def consistency(values: dict, keys) -> tuple[list, dict, dict]:
     for s in srcs:
         v = spread[s] if len(logs[s]) >= 3 else pooled_spread
         sp[s] = np.maximum(np.where(np.isfinite(v), v, pooled_spread), SPREAD_FLOOR)
+        if errors is not None and len(errors.get(s, ())):
+            with np.errstate(invalid="ignore", divide="ignore"):
+                rel = np.nanmedian(np.asarray(errors[s], float) / np.asarray(values[s], float), 0)
+            sp[s] = np.fmax(sp[s], np.where(np.isfinite(rel), rel, 0.0))
 
-    main, groups = agreement_groups(med, sp, {s: len(logs[s]) for s in srcs})
+    main, apart = agreement_groups(med, sp, {s: len(logs[s]) for s in srcs})
     summaries = {
         s: {
             k: {"median": float(np.exp(med[s][j])), "spread": float(np.exp(med[s][j]) * sp[s][j]), "n": len(logs[s])}
@@ -227,7 +257,7 @@ def consistency(values: dict, keys) -> tuple[list, dict, dict]:
         }
         for s in srcs
     }
-    if not groups:
+    if not main:
         return [], {}, summaries
     pooled_med = np.median(np.concatenate([logs[s] for s in main]), 0)
     excluded = {}
@@ -237,9 +267,14 @@ def consistency(values: dict, keys) -> tuple[list, dict, dict]:
         parts = ", ".join(f"{k} {np.exp(med[s][j]):.4g}" for j, k in enumerate(keys))
         ref = ", ".join(f"{k} {np.exp(pooled_med[j]):.4g}" for j, k in enumerate(keys))
         excluded[s] = (
-            f"{len(logs[s])} window(s) give {parts}; the pooled recordings give {ref} (beyond {Z_AGREE:g}x "
-            f"their combined spread and {REL_AGREE:.0%}): a different body or mounting?"
+            f"{len(logs[s])} window(s) give {parts}; the pooled recordings give {ref} ({_apart(apart[s], main)} "
+            f"beyond {Z_AGREE:g}x the combined spread and {REL_AGREE:.0%}): a different body or mounting?"
         )
+        if not big:
+            excluded[s] += (
+                " (no recording has 3 windows, so the scatter between windows is not measured: the spread is the "
+                f"{SPREAD_FLOOR:.0%} floor or the windows' own errors; pool='all' pools anyway)"
+            )
     return main, excluded, summaries
 
 
@@ -343,7 +378,14 @@ def combine(fits, groups=None, *, pool: str = "consistent") -> Combined:
     by_group: dict = {}
     for i in conv:
         by_group.setdefault(groups[i], []).append(values[i, positive])
-    main, excluded, summaries = consistency({g: np.array(v) for g, v in by_group.items()}, [names[j] for j in positive])
+    err_group: dict = {}
+    for i in conv:
+        err_group.setdefault(groups[i], []).append(errors[i, positive])
+    main, excluded, summaries = consistency(
+        {g: np.array(v) for g, v in by_group.items()},
+        [names[j] for j in positive],
+        {g: np.array(v) for g, v in err_group.items()},
+    )
     if pool == "all" or not positive:
         main, excluded = list(by_group), {}
     out = list(fits)

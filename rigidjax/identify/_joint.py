@@ -1,8 +1,9 @@
-"""Pooling windows: the combination of per-window estimates, the joint fit of shared inertia
-(one problem of the identification layer, :func:`~rigidjax.identify.recipes._shared_problem`:
-a segment per window, a gyroscope bias per recording; its total error the cluster sandwich of
-the windows' ``ProblemFit.segment_influence``), and :func:`multistart_check`, the proof by
-search that a fit reached its minimum (its own chart and optimiser: independent of the layer).
+"""Pooling windows: the combination of per-window estimates, the recordings' check by their
+own joint fits (:func:`_recordings_agree`), and the joint fit of shared inertia (one problem
+of the identification layer, :func:`~rigidjax.identify.recipes._shared_problem`: a segment
+per window, a gyroscope bias per recording; its total error the cluster sandwich of the
+windows' ``ProblemFit.segment_influence``). The proof by search that a fit reached its
+minimum is :func:`rigidjax.identify._search.multistart_check`.
 
 Part of :func:`rigidjax.identify.fit_inertia` (module docstring of :mod:`rigidjax.identify._fit`).
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
 
 import numpy as np
 from scipy import special
@@ -19,18 +19,13 @@ from scipy import special
 from . import _combine
 from ._derived import FitError, lower_bound, standard_errors
 from ._model import (
-    chart_theta,
     equation_error_guess,
     phys_theta,
-    random_chart,
     reference_rms,
-    theta_chart,
-    theta_phys,
 )
 from ._across import POOR_NOISE
 from ._verdict import REL_SE_MAX
 from . import recipes
-from ._fit_many import multistart_problems
 from ._problem_fit import _fit
 from ._window_fits import SECOND_ORDER, _in_our_names, _shift_se, start_vector
 from .problem import _Layout
@@ -42,7 +37,6 @@ from ._windows import (
     REF_TOL,
     _Run,
     _estimates,
-    _full_x,
     _medoid,
     _overall,
 )
@@ -53,10 +47,13 @@ def _combine_windows(run: _Run, rows, pool: str) -> InertiaFit:
     spec = run.spec
     conv = [i for i, r in enumerate(rows) if r["status"] == FitStatus.CONVERGED]
     keys = ["Ix/Iy", "Iz/Iy"]
-    by_src = {}
+    by_src, err_src = {}, {}
     for i in conv:
         by_src.setdefault(rows[i]["recording"], []).append([rows[i]["estimates"][k_] for k_ in keys])
-    main, excluded, summaries = _combine.consistency({s: np.array(v) for s, v in by_src.items()}, keys)
+        err_src.setdefault(rows[i]["recording"], []).append([rows[i]["se"][k_] for k_ in keys])
+    main, excluded, summaries = _combine.consistency(
+        {s: np.array(v) for s, v in by_src.items()}, keys, {s: np.array(v) for s, v in err_src.items()}
+    )
     if pool == "all":
         main, excluded = list(by_src), {}
     for i in conv:
@@ -164,31 +161,35 @@ RECORDING_WINDOWS = 3
 _RATIOS = ("Ix/Iy", "Iz/Iy")
 
 
-def _recordings_agree(run: _Run, rows, model: dict, pooled, k, starts: int) -> tuple[dict, dict]:
-    """Which recordings the joint fit may pool: each recording's determined windows ``pooled``
-    (whatever the per-window check said) fitted jointly alone (one body, its own bias:
-    :func:`_shared_fit`, no leaving out, no step check), its ratios compared with the other recordings' by
-    :func:`~rigidjax.identify._combine.agreement_groups` on their total errors (the cluster
+def _recordings_agree(run: _Run, rows, model: dict, pooled, k, starts: int, before: dict) -> tuple[dict, dict]:
+    """Which recordings the joint fit may pool: each recording's windows ``pooled`` (those
+    whose own fit converged or was unidentifiable, whatever the per-window check said)
+    fitted jointly alone (one body, its own bias: :func:`_shared_fit`, no leaving out, no
+    step check), its ratios compared with the other recordings' by
+    :func:`~rigidjax.identify._combine.agreement_groups` on their total errors: the cluster
     sandwich over its S windows widened by ``t_0.975(S - 1) / z_0.975``, at least the
-    statistical error; a recording with fewer than
-    :data:`RECORDING_WINDOWS` windows: its statistical error times the median ratio of total
-    to statistical of the others, or the check is skipped where none has that many).
+    statistical error; with fewer than :data:`RECORDING_WINDOWS` windows its statistical
+    error times the median ratio of total to statistical error of the recordings that have
+    that many (none: the check cannot judge).
 
-    Needed where each window fits a gyroscope bias: a window's own bias absorbs much of a
-    wrong inertia, so the windows' estimates scatter too widely to separate bodies (the
-    per-window check, :func:`~rigidjax.identify._combine.consistency`), while a recording's
-    windows share one bias and pin it down. On the racquet rounds with a bias the per-window
-    check pools round 1 (a phone, Ix/Iy ~ 3.8) with the racquet (~ 13.7); its recordings'
-    joint fits give 3.80 +- 0.07 and 13.6-14.1 +- 0.7-1.5. (Without the widening, round 2's
-    five windows, 16.8 +- 1.5 in the tensor + drag + bias model, were left out against
-    round 3's 12.5 +- 0.4 and 11.1 +- 0.6.) A recording that determines nothing (its fit
-    failed or its ratios are unidentifiable) agrees with every other.
+    It runs for every joint fit and, where it can judge, replaces the per-window check
+    (:func:`~rigidjax.identify._combine.consistency`); it matters most where each window fits
+    a gyroscope bias: a window's own bias absorbs much of a wrong inertia, so the windows'
+    estimates scatter too widely to separate bodies, while a recording's windows share one
+    bias and pin it down. On the racquet rounds with a bias the per-window check pooled round
+    1 (a phone, Ix/Iy ~ 3.8) with the racquet (~ 13.7); its recordings' joint fits give 3.80
+    +- 0.07 and 13.6-14.1 +- 0.7-1.5. (Without the widening, round 2's five windows, 16.8 +-
+    1.5 in the tensor + drag + bias model, were left out against round 3's 12.5 +- 0.4 and
+    11.1 +- 0.6.) A recording whose joint fit determines nothing (it did not converge, or its
+    ratios are unidentifiable) cannot be judged by it: it keeps the per-window verdict
+    ``before`` (recording -> why it was left out), else it is pooled.
 
     Returns:
-        ``(excluded {recording: why}, by_recording {recording: {ratio: {value, se}}, n, status}})``;
-        ``excluded`` is ``None`` where the check cannot judge (fewer than two recordings, or
-        none with :data:`RECORDING_WINDOWS` determined windows): the per-window check's verdict
-        stands.
+        ``(excluded, by_recording)``: ``excluded`` ``{recording: why}``, or ``None`` where
+        the check cannot judge (fewer than two recordings, or none with
+        :data:`RECORDING_WINDOWS` windows and a determined joint fit): the per-window
+        check's verdict then stands; ``by_recording`` ``{recording: {"n": windows, "status":
+        its joint fit's, and where determined "Ix/Iy" and "Iz/Iy": {"value", "total_se"}}}``.
     """
     spec = run.spec
     by_src = {}
@@ -226,25 +227,29 @@ def _recordings_agree(run: _Run, rows, model: dict, pooled, k, starts: int) -> t
     spread = {s_: tot.get(s_, stat[s_] * inflate) for s_ in logs}
     spread.update({s_: np.full(len(_RATIOS), np.inf) for s_ in by_src if s_ not in logs})
     values = {s_: logs.get(s_, np.zeros(len(_RATIOS))) for s_ in by_src}
-    main, _ = _combine.agreement_groups(values, spread, {s_: len(idx) for s_, idx in by_src.items()})
+    main, apart = _combine.agreement_groups(values, spread, {s_: len(idx) for s_, idx in by_src.items()})
     for s_ in logs:
         summary[s_].update(
             {
-                n_: {"value": float(np.exp(logs[s_][j])), "se": float(np.exp(logs[s_][j]) * spread[s_][j])}
+                n_: {"value": float(np.exp(logs[s_][j])), "total_se": float(np.exp(logs[s_][j]) * spread[s_][j])}
                 for j, n_ in enumerate(_RATIOS)
             }
         )
     ref = np.median(np.stack([logs[s_] for s_ in main if s_ in logs]), 0) if any(s_ in logs for s_ in main) else None
-    excluded = {}
+    excluded = {
+        s_: f"{before[s_]} (its windows fitted jointly determine nothing: {summary[s_]['status']})"
+        for s_ in by_src
+        if s_ not in logs and s_ in before
+    }
     for s_ in by_src:
         if s_ in main:
             continue
-        parts = ", ".join(f"{n_} {summary[s_][n_]['value']:.4g} +- {summary[s_][n_]['se']:.2g}" for n_ in _RATIOS)
+        parts = ", ".join(f"{n_} {summary[s_][n_]['value']:.4g} +- {summary[s_][n_]['total_se']:.2g}" for n_ in _RATIOS)
         there = ", ".join(f"{n_} {np.exp(ref[j]):.4g}" for j, n_ in enumerate(_RATIOS))
         excluded[s_] = (
             f"its {len(by_src[s_])} window(s) fitted jointly give {parts}; the pooled recordings give {there} "
-            f"(apart by more than {_combine.Z_AGREE:g}x their combined total errors and {_combine.REL_AGREE:.0%}): "
-            "a different body or mounting?"
+            f"({_combine._apart(apart[s_], main)} by more than {_combine.Z_AGREE:g}x the combined total errors and "
+            f"{_combine.REL_AGREE:.0%}): a different body or mounting?"
         )
     return excluded, summary
 
@@ -269,8 +274,8 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
     determined = FitStatus.CONVERGED, FitStatus.UNIDENTIFIABLE
     pooled = [i for i, r in enumerate(rows) if r["status"] in determined and r.get("estimates")]
     by_recording = {}
+    verdict, by_recording = _recordings_agree(run, rows, per._model, pooled, k, starts, excluded)
     if pool != "all":
-        verdict, by_recording = _recordings_agree(run, rows, per._model, pooled, k, starts)
         if verdict is not None:
             excluded, marked = verdict, {}
             for i in pooled:
@@ -562,107 +567,3 @@ def _layer_fit(run: _Run, problem, starts: int, **options) -> ProblemFit:
             **options,
         )
     return f
-
-
-# ----------------------------------------------------------------------------- proof by search
-
-
-def multistart_check(
-    fit: InertiaFit | ProblemFit | list,
-    *,
-    starts: int = 100,
-    seed: int = 12345,
-    extra=(),
-    max_steps: int = 300,
-    progress: Callable | None = None,
-    problems=None,
-    spread: float = 1.0,
-) -> list[dict]:
-    """Search every fitted window of a per-window fit densely for a lower least-squares cost.
-
-    Each window is refitted from ``starts`` random physically valid inertias
-    (:func:`rigidjax.identify._model.random_chart`: ratios spread over ~0.05-60, principal
-    axes anywhere), from the consensus (the median of the converged windows' estimates) and
-    from ``extra`` (model values in the ``I_yy = 1`` gauge, e.g. a joint estimate), each with
-    the first sample and with the reported initial rate, every start to convergence with the
-    same sub-steps as the fit. An independent check of the fit's search (another seed, far
-    more starts), not part of it: what it reports should be the minimum.
-
-    ``fit`` may also be the layer's result: a :class:`~rigidjax.identify.ProblemFit` or a list
-    of them (from :func:`~rigidjax.identify.fit` / :func:`~rigidjax.identify.fit_many`) with
-    ``problems`` the :class:`~rigidjax.identify.Problem` s they fitted, in the same order. Each
-    problem is then fitted again from ``starts`` points (its given values and random ones,
-    ``spread`` around them in the transforms' coordinates, see ``fit``), every start to its
-    end (``max_steps``), at the sub-steps its fit ended with; one dict per fit with
-    ``name`` (``problems[i]``), ``reported_cost``, ``best_cost`` (``ProblemFit.cost``: 1/2
-    the weighted RSS), ``excess`` (``inf`` where the fit has no finite cost but the search
-    found one; ``nan``, with ``best_cost`` nan and ``best_values`` ``None``, where no start of
-    the search could be evaluated, e.g. the problem's given values fail), ``best_values``
-    (the best start's ``values``), ``starts_at_best`` (relative 1e-6) and ``n_starts``.
-    ``extra`` applies to an :class:`InertiaFit` only, ``spread`` to the layer's fits only.
-
-    Returns:
-        For an :class:`InertiaFit`, one dict per fitted window (empty where no window was
-        fitted): ``name``, ``reported_cost`` and ``best_cost`` (1/2 RSS, rad^2/s^2),
-        ``excess`` (``reported / best - 1``: > 0 where a start found a lower cost),
-        ``best_estimates`` (Ix/Iy, Iz/Iy of the best start), ``hits`` (starts within 0.5 % of
-        the best) and ``n_starts``. For the layer's fits, one dict per fit (above).
-
-    Raises:
-        TypeError: ``fit`` is none of these, or a list holding something else than
-            ``ProblemFit`` s (named by index).
-        ValueError: the layer's fits without one problem each; the problems' errors of
-            :func:`~rigidjax.identify.fit_many`.
-    """
-    if not isinstance(fit, InertiaFit):
-        return multistart_problems(
-            fit, problems, starts=starts, seed=seed, spread=spread, max_steps=max_steps, progress=progress
-        )
-    spec = fit._model["spec"]
-    segs = fit._data
-    rows = fit.segments
-    wins = np.array([i for i, r in enumerate(rows) if r.get("rms") is not None and "estimates" in r and r["estimates"]])
-    if wins.size == 0:  # nothing was fitted (every window unidentifiable or not free): nothing to search
-        return []
-    run = _Run(segs, spec, None, seed=seed, max_steps=max_steps, phase1_steps=0, progress=progress)
-    k = np.asarray(fit._model["substeps"], np.int32)
-    theta = np.array(fit._model["theta"])
-    conv = [i for i in wins if rows[i]["status"] == FitStatus.CONVERGED]
-    cands = [np.median(theta[conv], 0)] if conv else []
-    cands += [np.asarray(e, float) for e in extra]
-    rng = np.random.default_rng(seed)
-    xs, Rs, owner = [], [], []
-    for j, i in enumerate(wins):
-        x, R = random_chart(rng, starts, spec)
-        xs.append(_full_x(run, x, np.full(starts, i)))
-        Rs.append(R)
-        owner += [j] * starts
-        for th in cands:
-            xc, Rc = theta_chart(th, spec)
-            for w0 in (segs[i].omega[0], np.asarray(fit._model["omega0"][i])):
-                xs.append(_full_x(run, xc, np.array([i]), w0=w0[None]))
-                Rs.append(Rc)
-                owner.append(j)
-    x0, R_ref, owner = np.concatenate(xs), np.concatenate(Rs), np.array(owner)
-    batch = run.batch(k, wins[owner][:, None], [0], R_ref)
-    r = run.lm(batch, x0, np.arange(x0.shape[0]), max_steps=max_steps)
-    cost = np.where(r["ok"], r["cost"], np.inf)
-    out = []
-    theta_r, _ = chart_theta(r["x"][:, : spec.n_chart], R_ref, spec)
-    for j, i in enumerate(wins):
-        idx = np.flatnonzero(owner == j)
-        b = idx[np.argmin(cost[idx])]
-        rep = 0.5 * rows[i]["rms"] ** 2 * 3 * segs[i].n
-        ph = theta_phys(theta_r[b : b + 1], spec)[0]
-        out.append(
-            {
-                "name": rows[i]["name"],
-                "reported_cost": rep,
-                "best_cost": float(cost[b]),
-                "excess": rep / float(cost[b]) - 1 if cost[b] > 0 else 0.0,
-                "best_estimates": {"Ix/Iy": float(ph[0]), "Iz/Iy": float(ph[1])},
-                "hits": int(np.sum(cost[idx] <= 1.005 * cost[b])),
-                "n_starts": int(idx.size),
-            }
-        )
-    return out
