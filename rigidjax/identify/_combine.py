@@ -38,9 +38,10 @@ at most 10 %. The pooled group is the one with the most windows in which every p
 (:func:`agreement_groups`); the others are named and left out. (Connected components of the
 agreement graph, used before, let one loosely determined recording bridge two bodies: on the
 racquet rounds with a gyroscope bias per window, round 1's phone was pooled with the racquet.)
-A joint fit compares every recording again, each recording's windows fitted jointly
-(:func:`rigidjax.identify._joint._recordings_agree`), with the same rule on their total
-errors; where that check can judge, its verdict replaces this one.
+In a model with a gyroscope bias a joint fit compares the recordings again, by their
+windows fitted jointly (:func:`rigidjax.identify._joint._recordings_agree`: one bias per
+recording pins down what a bias per window absorbs); where that check can judge, its
+verdict replaces this one.
 """
 
 from __future__ import annotations
@@ -157,22 +158,23 @@ def cluster_dof(influence) -> np.ndarray:
     return np.where(np.isfinite(g_eff), np.maximum(g_eff - 1.0, 1.0), np.nan)
 
 
-def agreement_groups(values: dict, spread: dict, weight: dict) -> tuple[list, dict]:
+def agreement_groups(values: dict, spread: dict, weight: dict, rel: float = REL_AGREE) -> tuple[list, dict]:
     """The recordings to pool: the largest group in which every pair agrees.
 
     Two recordings agree when for every ratio their log values differ by at most
-    :data:`Z_AGREE` times the combined spread (``hypot``) or by at most :data:`REL_AGREE`.
-    The pooled group is the clique of the agreement graph with the most windows (ties: the
-    one whose first recording comes first), found exactly among the maximal cliques
-    (Bron-Kerbosch with pivoting; recordings are few). Every pair in it agrees: a recording
-    that determines little (a wide spread) cannot bridge two bodies into one, as connected
-    components of the agreement graph would.
+    :data:`Z_AGREE` times the combined spread (``hypot``) or by at most ``rel`` (relative;
+    default :data:`REL_AGREE`). The pooled group is the clique of the agreement graph with
+    the most windows (ties: the one whose first recording comes first), found exactly among
+    the maximal cliques (Bron-Kerbosch with pivoting; recordings are few). Every pair in it
+    agrees: a recording that determines little (a wide spread) cannot bridge two bodies into
+    one, as connected components of the agreement graph would.
 
     Args:
         values: source -> log values ``(K,)``.
         spread: source -> their 1-sigma spreads ``(K,)`` (log scale; ``inf``: undetermined,
             agrees with every recording).
         weight: source -> the number of windows.
+        rel: the relative difference below which two recordings always agree.
 
     Returns:
         ``(pooled sources in their order, {left-out source: the pooled sources it disagrees
@@ -183,7 +185,7 @@ def agreement_groups(values: dict, spread: dict, weight: dict) -> tuple[list, di
 
     def agree(a, b):
         d = np.abs(values[a] - values[b])
-        return bool(np.all((d <= Z_AGREE * np.hypot(spread[a], spread[b])) | (d <= math.log1p(REL_AGREE))))
+        return bool(np.all((d <= Z_AGREE * np.hypot(spread[a], spread[b])) | (d <= math.log1p(rel))))
 
     near = {a: {b for b in order if b != a and agree(a, b)} for a in order}
     best: list = []

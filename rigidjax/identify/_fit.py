@@ -54,10 +54,11 @@ What :func:`fit_inertia` does, window by window:
    95 % interval covering the between-window scatter.
 
 Joint fits (one inertia for all windows) run the per-window fits first (the same quality
-rule and consistency check, and their estimates as starts), compare the pooled recordings
-again, each recording's windows fitted jointly (one bias per recording pins down what a
-bias per window absorbs: :func:`~rigidjax.identify._joint._recordings_agree`), then fit the
-pooled windows together on the layer (:mod:`rigidjax.identify._joint`): one problem with a segment per
+rule and consistency check, and their estimates as starts); with a gyroscope bias the
+recordings are compared again, each recording's windows fitted jointly (one bias per
+recording pins down what a bias per window absorbs:
+:func:`~rigidjax.identify._joint._recordings_agree`); then the pooled windows are fitted
+together on the layer (:mod:`rigidjax.identify._joint`): one problem with a segment per
 window (its own initial rate), the shared inertia and drag, a gyroscope bias per recording,
 started from the median of the windows' estimates, the medoid window's and the joint
 equation-error estimate (the first ``starts`` of them), with the same phases and step-error
