@@ -189,7 +189,8 @@ def _recordings_agree(run: _Run, rows, model: dict, pooled, k, starts: int, befo
     racquet), so this check replaces the per-window one where it can judge. Without a bias
     the windows separate bodies well, and recordings of one body differ by more than their
     joint fits' errors (round 3's two recordings: 14.35 +- 0.36 and 12.68 +- 0.37 with a
-    tensor), so there it is only reported. Two recordings closer than
+    tensor), so there it does not run (it would cost a joint fit per recording: 12 s of
+    compilation on the 69 flips). Two recordings closer than
     :data:`RECORDING_REL_AGREE` always agree; without the widening, round 2's five windows
     (16.8 +- 1.5 in the tensor + drag + bias model) were left out against round 3's 12.5 +-
     0.4 and 11.1 +- 0.6. A recording whose joint fit determines nothing (it did not
@@ -277,7 +278,8 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
     not determine the ratios (a joint fit may), of the recordings that agree: in a model with
     a gyroscope bias as the recordings' check (:func:`_recordings_agree`) judges where it
     can, else as the per-window check (:func:`_combine_windows`) does; ``pool="all"``: every
-    recording (the recordings' check reported in ``combined["by_recording"]``, not applied).
+    recording (with a bias the recordings' check is reported in ``combined["by_recording"]``,
+    not applied).
     Each row keeps its own fit under ``own`` (status, rms, estimates, se) and reports the
     joint fit's residual, status and bias."""
     spec = run.spec
@@ -288,11 +290,10 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
         r["own"] = {key: r.get(key) for key in ("status", "reason", "rms", "estimates", "se", "substeps")}
     determined = FitStatus.CONVERGED, FitStatus.UNIDENTIFIABLE
     pooled = [i for i, r in enumerate(rows) if r["status"] in determined and r.get("estimates")]
-    judged = pool != "all" and spec.bias
-    verdict, by_recording = _recordings_agree(
-        run, rows, per._model, [i for i in pooled if judged or rows[i]["recording"] not in before], k, starts, before
-    )
-    excluded = verdict if judged and verdict is not None else before
+    verdict, by_recording = None, {}
+    if spec.bias:  # without a bias the windows separate bodies (see _recordings_agree)
+        verdict, by_recording = _recordings_agree(run, rows, per._model, pooled, k, starts, before)
+    excluded = verdict if pool != "all" and verdict is not None else before
     for i in pooled:
         if rows[i]["recording"] in excluded:
             rows[i]["status"] = FitStatus.INCONSISTENT

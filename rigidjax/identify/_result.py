@@ -136,9 +136,9 @@ class InertiaFit:
         combined: how the windows were pooled: ``n``, ``windows`` (their rows), ``sources``,
             ``excluded`` (recording -> why), ``by_source`` summaries of the windows' own
             estimates, ``method`` of the intervals; joint mode also ``bias`` (recording ->
-            value and se, rad/s) and ``by_recording`` (recording -> its windows fitted jointly:
-            ``n``, ``status``, ``Ix/Iy`` and ``Iz/Iy`` with ``value`` and total ``se``; the
-            pooling check).
+            value and se, rad/s) and ``by_recording`` (with a bias; recording -> its windows
+            fitted jointly: ``n``, ``status``, ``Ix/Iy`` and ``Iz/Iy`` with ``value`` and
+            ``total_se``; the pooling check).
         rms: residual RMS over the pooled windows, rad/s.
         truth: the true values where known (synthetic data), else ``None``.
         step_error: the simulation's own step error: ``substeps`` (per window), ``rms``
