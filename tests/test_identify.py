@@ -581,6 +581,24 @@ def test_intervals_cover_the_truth_under_per_window_model_error(calibration_reco
         assert np.all((coverage >= 0.90) & (coverage <= 0.99)), (mode, coverage)
 
 
+def test_a_recording_whose_joint_fit_determines_nothing_keeps_the_per_window_verdict(tmp_path):
+    """QA regression: a racquet recording (three tosses, one a poor fit) and a phone's (three
+    tosses), joint with a bias. The racquet's two windows borrow the phone's ratio of total
+    to statistical error (3 windows, widened by t_0.975(2)): 200 % on Ix/Iy, which agreed
+    with any body, and both recordings were pooled (Ix/Iy 9.1: neither body) with none named.
+    A total error above REL_SE_MAX now determines nothing: the per-window check's verdict
+    stands and one recording is named and left out."""
+    synthesize_recording(tmp_path, name="Gyroscope rotation rate A", n_tosses=3, seed=1, **TOSS)
+    phone = dict(moments=(4.0e-4, 1.0e-4, 4.6e-4), n_tosses=3, seed=3)
+    synthesize_recording(tmp_path, name="Gyroscope rotation rate P", **phone, **TOSS)
+    with pytest.warns(UserWarning, match="inconsistent"):
+        fit = fit_inertia(load_phyphox(tmp_path), bias=True, joint=True, starts=2)
+    assert len(fit.combined["excluded"]) == 1 and len(fit.combined["sources"]) == 1
+    by = fit.combined["by_recording"]
+    assert not by["Gyroscope rotation rate A"]["judged"] and by["Gyroscope rotation rate A"]["n"] == 2
+    assert fit.estimates["Ix/Iy"] < 6 or fit.estimates["Ix/Iy"] > 10  # one body, not a mixture
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "model, joint",

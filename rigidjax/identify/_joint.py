@@ -194,15 +194,17 @@ def _recordings_agree(run: _Run, rows, model: dict, pooled, k, starts: int, befo
     :data:`RECORDING_REL_AGREE` always agree; without the widening, round 2's five windows
     (16.8 +- 1.5 in the tensor + drag + bias model) were left out against round 3's 12.5 +-
     0.4 and 11.1 +- 0.6. A recording whose joint fit determines nothing (it did not
-    converge, or its ratios are unidentifiable) keeps the per-window verdict ``before``
-    (recording -> why it was left out); else it agrees with every other.
+    converge, or a ratio's statistical or total error exceeds ``REL_SE_MAX``, 50 %) keeps
+    the per-window verdict ``before`` (recording -> why it was left out); else it agrees
+    with every other.
 
     Returns:
         ``(excluded, by_recording)``: ``excluded`` ``{recording: why}``, or ``None`` where
         the check cannot judge (fewer than two recordings, or none with
         :data:`RECORDING_WINDOWS` windows and a determined joint fit); ``by_recording``
-        ``{recording: {"n": windows, "status": its joint fit's, and where determined
-        "Ix/Iy" and "Iz/Iy": {"value", "total_se"}}}``.
+        ``{recording: {"n": windows, "status": its joint fit's, "judged": whether it
+        determines its ratios, and where they are finite "Ix/Iy" and "Iz/Iy": {"value",
+        "total_se"}}}``.
     """
     spec = run.spec
     by_src = {}
@@ -238,11 +240,6 @@ def _recordings_agree(run: _Run, rows, model: dict, pooled, k, starts: int, befo
         return None, summary
     inflate = np.median(np.stack([tot[s_] / stat[s_] for s_ in tot]), 0)
     spread = {s_: tot.get(s_, stat[s_] * inflate) for s_ in logs}
-    spread.update({s_: np.full(len(_RATIOS), np.inf) for s_ in by_src if s_ not in logs})
-    values = {s_: logs.get(s_, np.zeros(len(_RATIOS))) for s_ in by_src}
-    main, apart = _combine.agreement_groups(
-        values, spread, {s_: len(idx) for s_, idx in by_src.items()}, rel=RECORDING_REL_AGREE
-    )
     for s_ in logs:
         summary[s_].update(
             {
@@ -250,9 +247,20 @@ def _recordings_agree(run: _Run, rows, model: dict, pooled, k, starts: int, befo
                 for j, n_ in enumerate(_RATIOS)
             }
         )
+    # a total error above REL_SE_MAX (e.g. borrowed by a recording of two windows from one of
+    # three, widened by t_0.975(2)) determines nothing: such a recording would agree with any
+    # body (QA: a racquet recording pooled with a phone's, neither named)
+    for s_ in [s_ for s_ in logs if np.max(spread[s_]) > REL_SE_MAX]:
+        del logs[s_]
+    summary.update({s_: dict(summary[s_], judged=s_ in logs) for s_ in summary})
+    spread.update({s_: np.full(len(_RATIOS), np.inf) for s_ in by_src if s_ not in logs})
+    values = {s_: logs.get(s_, np.zeros(len(_RATIOS))) for s_ in by_src}
+    main, apart = _combine.agreement_groups(
+        values, spread, {s_: len(idx) for s_, idx in by_src.items()}, rel=RECORDING_REL_AGREE
+    )
     ref = np.median(np.stack([logs[s_] for s_ in main if s_ in logs]), 0) if any(s_ in logs for s_ in main) else None
     excluded = {
-        s_: f"{before[s_]} (its windows fitted jointly determine nothing: {summary[s_]['status']})"
+        s_: f"{before[s_]} (its windows fitted jointly cannot tell: {summary[s_]['status']})"
         for s_ in by_src
         if s_ not in logs and s_ in before
     }
