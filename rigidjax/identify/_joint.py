@@ -260,7 +260,7 @@ def _recordings_agree(run: _Run, rows, model: dict, pooled, k, starts: int, befo
     )
     ref = np.median(np.stack([logs[s_] for s_ in main if s_ in logs]), 0) if any(s_ in logs for s_ in main) else None
     excluded = {
-        s_: f"{before[s_]} (its windows fitted jointly cannot tell: {summary[s_]['status']})"
+        s_: f"{before[s_]} (its windows fitted jointly do not determine the ratios: {_undetermined(summary[s_])})"
         for s_ in by_src
         if s_ not in logs and s_ in before
     }
@@ -275,6 +275,16 @@ def _recordings_agree(run: _Run, rows, model: dict, pooled, k, starts: int, befo
             f"{RECORDING_REL_AGREE:.0%}): a different body or mounting?"
         )
     return excluded, summary
+
+
+def _undetermined(summary: dict) -> str:
+    """Why a recording's joint fit (its ``by_recording`` entry) determines nothing, in words."""
+    if summary["status"] != FitStatus.CONVERGED.value:
+        return f"its fit ended {summary['status']}"
+    if _RATIOS[0] not in summary:
+        return f"a statistical error above {REL_SE_MAX:.0%} of the value"
+    worst = max(summary[n_]["total_se"] / summary[n_]["value"] for n_ in _RATIOS)
+    return f"total error {worst:.0%} of the value, above {REL_SE_MAX:.0%}"
 
 
 def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, starts: int) -> InertiaFit:
