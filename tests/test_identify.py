@@ -209,10 +209,12 @@ def test_minimum_on_the_thin_plate_edge_is_reached_exactly():
     assert cost(a + 1 - 0.02) > edge * (1 + 1e-4)
 
 
-def test_recordings_of_two_bodies_are_not_pooled(tmp_path, capsys):
+def test_recordings_of_two_bodies_are_not_pooled(tmp_path, capsys, monkeypatch):
     """A tree with a racquet recording (4 tosses) and one of a box (2 tosses): the joint fit
     names the box's recording, leaves it out (status inconsistent, exit 3) and estimates the
-    racquet; pool='all' pools both, and the joint fit's per-window rule catches the misfit."""
+    racquet; pool='all' pools both, and the joint fit's per-window rule catches the misfit.
+    Exit 3 holds where a window's status outranks ``inconsistent`` too (``max_steps``: exit 1
+    alone would hide that the combined estimate leaves a recording out)."""
     a = synthesize_recording(
         tmp_path / "racquet",
         moments=RACQUET_MOMENTS,
@@ -256,6 +258,14 @@ def test_recordings_of_two_bodies_are_not_pooled(tmp_path, capsys):
     assert main(["fit", str(tmp_path), "--joint", "--quiet", "--starts", "2"]) == 3
     out = capsys.readouterr()
     assert "NOT POOLED" in out.out and "box" in out.out
+    import rigidjax.cli_fit as cli_fit
+
+    worse = dataclasses.replace(fit, status=FitStatus.MAX_STEPS)
+    monkeypatch.setattr(cli_fit, "fit_inertia", lambda *a, **k: worse)
+    assert main(["fit", str(tmp_path), "--joint", "--quiet"]) == 3
+    monkeypatch.setattr(cli_fit, "fit_inertia", lambda *a, **k: dataclasses.replace(forced, status=FitStatus.MAX_STEPS))
+    assert main(["fit", str(tmp_path), "--joint", "--quiet", "--pool-all"]) == 1
+    capsys.readouterr()
 
 
 def test_a_recording_of_another_body_is_not_pooled_when_each_window_fits_a_bias(tmp_path):

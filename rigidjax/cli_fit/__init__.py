@@ -68,7 +68,8 @@ exit status:
      is not determined by its data or is shaped by the step error (the status line and the
      table say which)
   2  bad path, file or option
-  3  recordings whose estimates disagree were not pooled (--pool-all pools them anyway)
+  3  recordings whose estimates disagree were not pooled (--pool-all pools them anyway);
+     3 also where some window would give 1 (the status line names both)
   130  interrupted (Ctrl-C)
 """
 
@@ -512,7 +513,7 @@ def run(args) -> int:
                 "estimate - truth in standard errors: "
                 + ", ".join(f"{k} {v:+.2f}" for k, v in _z_scores(result, truth).items())
             )
-        return exit_code(result.status)
+        return exit_code(result.status, bool((result.combined or {}).get("excluded")))
     except (DataError, FitError) as e:
         return error("fit", str(e))
     except OSError as e:

@@ -56,9 +56,15 @@ class FitStatus(str, enum.Enum):
 EXIT_CODES = {FitStatus.CONVERGED: 0, FitStatus.INCONSISTENT: 3}
 
 
-def exit_code(status: FitStatus) -> int:
-    """The command line's exit code for a fit's status (:data:`EXIT_CODES`; 1 for any other)."""
-    return EXIT_CODES.get(FitStatus(status), 1)
+def exit_code(status: FitStatus, not_pooled: bool = False) -> int:
+    """The command line's exit code for a fit's status (:data:`EXIT_CODES`; 1 for any other).
+
+    ``not_pooled``: some recording was left out of the combined estimate (the fit's
+    ``combined["excluded"]``). Then the code is 3 whatever the status: a window that did not
+    converge ranks above ``inconsistent`` in the status (its line names both), but the
+    combined estimate then describes fewer recordings than were given, which a script reading
+    only the exit code must learn."""
+    return 3 if not_pooled else EXIT_CODES.get(FitStatus(status), 1)
 
 
 def pm(v, e) -> str:
