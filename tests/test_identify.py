@@ -30,6 +30,7 @@ from rigidjax.identify import (
 )
 from rigidjax.identify import recipes
 from rigidjax.identify.observations import AngularVelocity
+from rigidjax.identify._result import pm
 from rigidjax.io import DataError, Segment, load_phyphox
 from rigidjax.reference import euler_omega, torque_free_omega
 from rigidjax.synthetic import RACQUET_MOMENTS, synthesize_recording
@@ -97,6 +98,19 @@ def test_recovers_non_diagonal_tensor_drag_and_bias(racquet_joint):
     bias = np.array(fit.segments[0]["bias"])
     bias_se = np.array(fit.segments[0]["bias_se"])
     assert np.all(np.abs(bias - truth["bias"]) < 4 * bias_se)
+    # the bias's total error (the windows' cluster sandwich, as the ratios'): at least the
+    # statistical one, the matrix_total diagonal of the covariance, and the truth within 4 of it
+    (b,) = fit.combined["bias"].values()
+    cov = fit.covariance()
+    names = cov["parameters"]
+    total = np.sqrt(np.diag(cov["matrix_total"]))[[names.index(f"bias_{c}") for c in "xyz"]]
+    assert np.all(np.array(b["total_se"]) >= np.array(b["se"])) and b["se"] == fit.segments[0]["bias_se"]
+    assert (
+        np.allclose(b["total_se"], np.fmax(total, b["se"]), rtol=1e-9)
+        and b["total_se"] == fit.segments[0]["bias_total_se"]
+    )
+    assert np.all(np.abs(bias - truth["bias"]) < 4 * np.array(b["total_se"]))
+    assert f"gyroscope bias (rad/s): x {pm(b['value'][0], b['se'][0])} (total " in fit.table()
     # sub-steps chosen per window: the step error shifts no estimate by more than 0.3 errors,
     # and a tight independent integrator gives each window the same residual to 10 %
     assert fit.step_error["max_shift_se"] <= 0.3 and "bias_y" in fit.step_error["shift_se"]

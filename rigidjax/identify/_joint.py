@@ -428,12 +428,13 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
     theta, _ = phys_theta(xp[None, : spec.n_phys], spec)
     bias_w = biases[groups]
     bias_se = np.sqrt(np.maximum(np.diag(cov), 0.0)) if np.all(np.isfinite(cov)) else np.full(cov.shape[0], np.inf)
+    # each bias's total error: the sandwich's, at least the statistical (None without a sandwich)
+    b_sw = np.sqrt(np.maximum(np.diag(sw), 0.0)) if sw is not None else np.full(n_sh, np.nan)
+    bias_tot = [None if np.isnan(v) else v for v in np.fmax(b_sw, bias_se[:n_sh])[spec.n_phys :].tolist()]
     off_w = n_sh  # the windows' initial rates follow the shared and bias values
-    ref = (
-        reference_rms([run.segs[i] for i in pooled], np.repeat(theta, S, 0), w0s, bias_w, spec)
-        if reference_check
-        else np.full(S, np.nan)
-    )
+    ref = np.full(S, np.nan)
+    if reference_check:
+        ref = reference_rms([run.segs[i] for i in pooled], np.repeat(theta, S, 0), w0s, bias_w, spec)
     rel = [se[key] / abs(est[key]) if est[key] else np.inf for key in ("Ix/Iy", "Iz/Iy")]
     lm_status, joint_reason = f.status, ""
     if lm_status in (FitStatus.CONVERGED, FitStatus.UNIDENTIFIABLE) and (singular or max(rel) > REL_SE_MAX):
@@ -462,6 +463,7 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
             ob = spec.n_phys + 3 * groups[j]
             r["bias"] = bias_w[j].tolist()
             r["bias_se"] = bias_se[ob : ob + 3].tolist()
+            r["bias_total_se"] = bias_tot[ob - spec.n_phys : ob - spec.n_phys + 3]
         if lm_status == FitStatus.CONVERGED and reference_check and not (abs(ref[j] - r["rms"]) <= REF_TOL * r["rms"]):
             r["status"] = FitStatus.STEP_ERROR
             r["reason"] = (
@@ -473,10 +475,10 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
         model["substeps"][i] = r["substeps"] = int(k[i])
     status, message = _overall(rows, excluded)
     bias = {}
-    if spec.bias:
-        for g_ in range(G):
-            ob = spec.n_phys + 3 * g_
-            bias[sources[g_]] = {"value": biases[g_].tolist(), "se": bias_se[ob : ob + 3].tolist()}
+    for g_ in range(G if spec.bias else 0):
+        ob = spec.n_phys + 3 * g_
+        b_ = {"value": biases[g_].tolist(), "se": bias_se[ob : ob + 3].tolist()}
+        bias[sources[g_]] = dict(b_, total_se=bias_tot[3 * g_ : 3 * g_ + 3])
     method = (
         f"cluster-robust (sandwich) error over the {S} windows, at least the statistical one; Student t with "
         f"the windows' effective degrees of freedom ({np.nanmin(dof):.1f}-{np.nanmax(dof):.1f} of at most {S - 1})"

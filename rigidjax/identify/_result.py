@@ -138,13 +138,16 @@ class InertiaFit:
             (rad/s), rms_reference (the same parameters under a tight ODE solver), status,
             reason, iterations, omega0, (bias, bias_se), estimates and se (its own fit), noise
             and signal (rad/s), step_shift_se; in joint mode, rms, status, substeps, omega0 and
-            bias are the joint fit's and ``own`` holds the window's own fit.
+            bias are the joint fit's (with ``bias_total_se``, see ``combined``) and ``own``
+            holds the window's own fit.
         combined: how the windows were pooled: ``n``, ``windows`` (their rows), ``sources``,
             ``excluded`` (recording -> why), ``by_source`` summaries of the windows' own
             estimates, ``method`` of the intervals; joint mode also ``bias`` (recording ->
-            value and se, rad/s) and ``by_recording`` (with a bias; recording -> its windows
-            fitted jointly: ``n``, ``status``, ``Ix/Iy`` and ``Iz/Iy`` with ``value`` and
-            ``total_se``; the pooling check).
+            ``value``, ``se`` statistical and ``total_se``, the cluster sandwich over the
+            windows, at least ``se``, ``None`` with one window; rad/s; the table prints them)
+            and ``by_recording`` (with a bias; recording -> its windows fitted jointly: ``n``,
+            ``status``, ``Ix/Iy`` and ``Iz/Iy`` with ``value`` and ``total_se``; the pooling
+            check).
         rms: residual RMS over the pooled windows, rad/s.
         truth: the true values where known (synthetic data), else ``None``.
         step_error: the simulation's own step error: ``substeps`` (per window), ``rms``
@@ -374,6 +377,15 @@ class InertiaFit:
                 lines.append(f"  {k:<18} {pm(v, self.uncertainties.get(k)):>28}   {_interval(self.intervals.get(k))}")
             if c.get("method"):
                 lines.append(f"  (statistical: noise only, Gauss-Newton; interval: {c['method']})")
+            for src, b in (c.get("bias") or {}).items():  # joint mode: one gyroscope bias per recording
+                tot = b.get("total_se") or [None] * 3
+                parts = [
+                    f"{a} {pm(v, e)}" + (f" (total {t:.2g})" if t is not None else "")
+                    for a, v, e, t in zip("xyz", b["value"], b["se"], tot)
+                ]
+                lines.append(
+                    f"  gyroscope bias (rad/s){' of ' + src if len(c['bias']) > 1 else ''}: " + ", ".join(parts)
+                )
         rms = f"{self.rms:.4g} rad/s" if np.isfinite(self.rms) else "—"
         lines.append(f"residual RMS {rms} over the pooled windows; status: {self.status}")
         lines.append(f"  {self.message}")
