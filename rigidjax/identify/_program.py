@@ -337,13 +337,20 @@ def _put(a, mesh, rows: bool):
 #: Measured on the 69 shared racquet flips (one problem each, 4 starts, 128 samples, bias and
 #: initial rate; 2-core VM): 105 evaluations, 83 of them of under 64 of the 276 rows; padded to
 #: 276 rows they took 6.7 s, in calls of 32 rows 2.0 s. One call shape also compiles one program
-#: where padding compiled one per row count (all rows, and one problem's starts). Why not a
-#: second, small shape for the few rows at a fit's end (as fit_inertia's lanes,
-#: :func:`rigidjax.identify._model.lane_chunks`): measured on the 69 flips with ``groups``
-#: (sub-steps 1, 2, 4; 3 programs), rests of at most 4 rows in calls of 4 made the warm fit
-#: 2.7 -> 2.5 s wall (4.3 -> 3.5 s CPU) and the first 13.9 -> 22.3 s (each program compiled
-#: twice): a compilation costs what ~700 such calls save.
+#: where padding compiled one per row count (all rows, and one problem's starts).
 CHUNK_ROWS = 32
+#: Rows per call where at most this many remain of a call of :data:`CHUNK_ROWS` rows (the
+#: tail of a fit, a refit's kept starts, one window's step check): a second shape of the same
+#: program, compiled once. A fit's last iterations are often one window's: on the 69 shared
+#: racquet flips (``fit_inertia``, per window) a poor-fit window of round 1 (a large residual,
+#: so Gauss-Newton converges linearly) iterates ~50 times alone in the main fit and again in
+#: its refit, 123 of 151 calls with at most 4 rows, 42 % of the warm fit's CPU. In calls of 4
+#: (2-core VM, warm, least of three): 1.9 -> 1.2 s wall, 2.9 -> 1.8 s CPU (pinned to one core
+#: 2.0 -> 1.2 s); the first call 5.8 -> 6.3 s wall, 8.0 -> 8.5 s CPU (pinned 5.7 -> 7.3 s: the
+#: extra compilation; the command line's compilation cache keeps it); ``joint=True`` warm 3.6
+#: -> 2.7 s CPU. Programs called with fewer rows (a joint fit's few starts) keep their shape:
+#: a second compilation of a program of many segments costs seconds.
+SMALL_ROWS = 4
 
 
 #: Jacobian entries per call (rows x segments x samples x 3 x unknowns) above which a float64 fit on one
@@ -373,7 +380,10 @@ def heavy(layout, N: int) -> bool:
 
 def _chunked(fn, X, which, rows: int):
     """``fn(X, which)`` in calls of ``rows`` rows (the last padded with copies of its first
-    row), dispatched before any result is read; the outputs concatenated (NumPy)."""
+    row; at most :data:`SMALL_ROWS` points of calls of :data:`CHUNK_ROWS` in one call of
+    ``SMALL_ROWS``), dispatched before any result is read; the outputs concatenated (NumPy)."""
+    if len(X) <= SMALL_ROWS and rows >= CHUNK_ROWS:
+        rows = SMALL_ROWS
     pending = []
     for c0 in range(0, len(X), rows):
         Xc, wc = X[c0 : c0 + rows], which[c0 : c0 + rows]
@@ -399,8 +409,8 @@ def _evaluator(problems, layout, dtype, N: int, starts: int, rows: int | None = 
     ``evaluate(X, rows)`` as :func:`rigidjax.identify._lm.solve` calls it (row ``i`` of the
     batch is problem ``i // starts``); ``run_one(w)(X)``: ``run`` of problem ``w`` alone. Every
     call runs in calls of one shape (:data:`CHUNK_ROWS` rows, at least ``starts``, at most
-    every start of every problem; or ``rows``): one compiled program whatever the number of
-    points."""
+    every start of every problem; or ``rows``; and :data:`SMALL_ROWS` for the last few points
+    of a fit of many): at most two compilations whatever the number of points."""
     stacked, arrays = _stack_many(problems, dtype, N)
     jac_all = _program(problems[0], layout, dtype)
     rows = call_rows(len(problems), starts) if rows is None else rows
