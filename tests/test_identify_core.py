@@ -205,7 +205,9 @@ def test_the_pooled_recordings_are_the_largest_group_that_agrees_pairwise():
     weight among the subsets in which every pair agrees; ties: the earliest first member):
     the QA case (A disagrees with C and D; B, loosely determined, agrees with all three: the
     former greedy growth put B with A and left it out although it agrees with the pooled C
-    and D) and 300 random sets of up to 7 recordings."""
+    and D), a tie (two groups of as many windows: the left-out one is told that the listing
+    order chose; two single-toss recordings of different ratios through ``consistency``) and
+    300 random sets of up to 7 recordings, their ties against the brute force's."""
     import itertools
 
     def brute(values, spread, weight):
@@ -216,20 +218,31 @@ def test_the_pooled_recordings_are_the_largest_group_that_agrees_pairwise():
             ok = (d <= _combine.Z_AGREE * np.hypot(spread[a], spread[b])) | (d <= math.log1p(_combine.REL_AGREE))
             return bool(np.all(ok))
 
-        best = None
+        best, groups = None, []
         for r in range(len(order), 0, -1):
             for c in itertools.combinations(order, r):
                 if all(agree(a, b) for a, b in itertools.combinations(c, 2)):
+                    groups.append(c)
                     k = (sum(weight[x] for x in c), [-order.index(x) for x in c])
                     if best is None or k > best[0]:
                         best = (k, list(c))
-        return best[1]
+        # ties: the other maximal agreeing groups (no recording can join) of the same weight
+        maximal = [c for c in groups if not any(set(c) < set(g) for g in groups)]
+        ties = {c for c in maximal if list(c) != best[1] and sum(weight[x] for x in c) == best[0][0]}
+        return best[1], ties
 
     values = {s: np.log(np.array([v])) for s, v in dict(A=4.0, B=9.0, C=13.0, D=14.0).items()}
     spread = dict(A=np.array([0.02]), B=np.array([1.0]), C=np.array([0.02]), D=np.array([0.02]))
     weight = dict(A=5, B=1, C=4, D=4)
-    main, apart = _combine.agreement_groups(values, spread, weight)
-    assert main == ["B", "C", "D"] == brute(values, spread, weight) and apart == {"A": ["C", "D"]}
+    main, apart, ties = _combine.agreement_groups(values, spread, weight)
+    assert (main, set()) == (["B", "C", "D"], set()) == brute(values, spread, weight) and apart == {"A": ["C", "D"]}
+    assert not ties and _combine.tie_note("A", ties) == ""
+    # A (5 windows) against C and D (5 between them): a tie; the listing order pools A
+    weight["D"] = 1
+    main, apart, ties = _combine.agreement_groups(values, spread, weight)
+    assert main == ["A", "B"] and ties == [["B", "C", "D"]] and "as many windows" in _combine.tie_note("C", ties)
+    pooled, excluded, _ = _combine.consistency({"a": [[4.0, 5.0]], "b": [[13.0, 14.0]]}, ["Ix/Iy", "Iz/Iy"])
+    assert pooled == ["a"] and "as many windows as the pooled ones" in excluded["b"]
     rng = np.random.default_rng(0)
     for _ in range(300):
         n = int(rng.integers(1, 8))
@@ -237,8 +250,8 @@ def test_the_pooled_recordings_are_the_largest_group_that_agrees_pairwise():
         values = {s: rng.normal(0.0, 0.5, 2) for s in names}
         spread = {s: np.exp(rng.normal(-2.5, 1.0, 2)) for s in names}
         weight = {s: int(rng.integers(1, 6)) for s in names}
-        main, apart = _combine.agreement_groups(values, spread, weight)
-        assert main == brute(values, spread, weight)
+        main, apart, ties = _combine.agreement_groups(values, spread, weight)
+        assert (main, {tuple(t) for t in ties}) == brute(values, spread, weight)
         assert all(them and set(them) <= set(main) for them in apart.values()) and set(apart) == set(names) - set(main)
 
 

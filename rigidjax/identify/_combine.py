@@ -158,7 +158,7 @@ def cluster_dof(influence) -> np.ndarray:
     return np.where(np.isfinite(g_eff), np.maximum(g_eff - 1.0, 1.0), np.nan)
 
 
-def agreement_groups(values: dict, spread: dict, weight: dict, rel: float = REL_AGREE) -> tuple[list, dict]:
+def agreement_groups(values: dict, spread: dict, weight: dict, rel: float = REL_AGREE) -> tuple[list, dict, list]:
     """The recordings to pool: the largest group in which every pair agrees.
 
     Two recordings agree when for every ratio their log values differ by at most
@@ -178,8 +178,10 @@ def agreement_groups(values: dict, spread: dict, weight: dict, rel: float = REL_
 
     Returns:
         ``(pooled sources in their order, {left-out source: the pooled sources it disagrees
-        with}``; ``([], {})`` without sources. A left-out source disagrees with at least one
-        pooled source (the pooled group is a maximal clique).
+        with}, ties)``; ``([], {}, [])`` without sources. A left-out source disagrees with at
+        least one pooled source (the pooled group is a maximal clique). ``ties``: the other
+        groups in which every pair agrees with as many windows as the pooled one (listing
+        order chose between them: :func:`tie_note` says so).
     """
     order = list(values)
 
@@ -189,6 +191,7 @@ def agreement_groups(values: dict, spread: dict, weight: dict, rel: float = REL_
 
     near = {a: {b for b in order if b != a and agree(a, b)} for a in order}
     best: list = []
+    cliques: list = []
 
     def key(c):
         return (sum(weight[s_] for s_ in c), [-order.index(s_) for s_ in sorted(c, key=order.index)])
@@ -196,6 +199,7 @@ def agreement_groups(values: dict, spread: dict, weight: dict, rel: float = REL_
     def expand(r: set, p: set, x: set):
         nonlocal best
         if not p and not x:
+            cliques.append(sorted(r, key=order.index))
             if not best or key(r) > key(best):
                 best = list(r)
             return
@@ -208,7 +212,20 @@ def agreement_groups(values: dict, spread: dict, weight: dict, rel: float = REL_
     if order:
         expand(set(), set(order), set())
     main = sorted(best, key=order.index)
-    return main, {s_: [m for m in main if m not in near[s_]] for s_ in order if s_ not in main}
+    top = key(main)[0] if main else 0
+    ties = [c for c in cliques if c != main and sum(weight[s_] for s_ in c) == top]
+    return main, {s_: [m for m in main if m not in near[s_]] for s_ in order if s_ not in main}, ties
+
+
+def tie_note(source, ties: list) -> str:
+    """For a left-out ``source`` in one of :func:`agreement_groups`' ``ties``: a note that its
+    group is as large as the pooled one, so the listing order chose the body; else ``""``."""
+    if not any(source in t for t in ties):
+        return ""
+    return (
+        " (but the recordings that agree with it have as many windows as the pooled ones: which is the body the "
+        "data cannot tell, the first listed was pooled; pool='all' pools all)"
+    )
 
 
 def _apart(them: list, main: list) -> str:
@@ -251,7 +268,7 @@ def consistency(values: dict, keys, errors: dict | None = None) -> tuple[list, d
                 rel = np.nanmedian(np.asarray(errors[s], float) / np.asarray(values[s], float), 0)
             sp[s] = np.fmax(sp[s], np.where(np.isfinite(rel), rel, 0.0))
 
-    main, apart = agreement_groups(med, sp, {s: len(logs[s]) for s in srcs})
+    main, apart, ties = agreement_groups(med, sp, {s: len(logs[s]) for s in srcs})
     summaries = {
         s: {
             k: {"median": float(np.exp(med[s][j])), "spread": float(np.exp(med[s][j]) * sp[s][j]), "n": len(logs[s])}
@@ -271,7 +288,7 @@ def consistency(values: dict, keys, errors: dict | None = None) -> tuple[list, d
         excluded[s] = (
             f"{len(logs[s])} window(s) give {parts}; the pooled recordings give {ref} ({_apart(apart[s], main)} "
             f"beyond {Z_AGREE:g}x the combined spread and {REL_AGREE:.0%}): a different body or mounting?"
-        )
+        ) + tie_note(s, ties)
         if not big:
             excluded[s] += (
                 " (no recording has 3 windows, so the scatter between windows is not measured: the spread is the "

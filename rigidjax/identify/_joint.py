@@ -255,7 +255,7 @@ def _recordings_agree(run: _Run, rows, model: dict, pooled, k, starts: int, befo
     summary.update({s_: dict(summary[s_], judged=s_ in logs) for s_ in summary})
     spread.update({s_: np.full(len(_RATIOS), np.inf) for s_ in by_src if s_ not in logs})
     values = {s_: logs.get(s_, np.zeros(len(_RATIOS))) for s_ in by_src}
-    main, apart = _combine.agreement_groups(
+    main, apart, ties = _combine.agreement_groups(
         values, spread, {s_: len(idx) for s_, idx in by_src.items()}, rel=RECORDING_REL_AGREE
     )
     ref = np.median(np.stack([logs[s_] for s_ in main if s_ in logs]), 0) if any(s_ in logs for s_ in main) else None
@@ -273,7 +273,7 @@ def _recordings_agree(run: _Run, rows, model: dict, pooled, k, starts: int, befo
             f"its {len(by_src[s_])} window(s) fitted jointly give {parts}; the pooled recordings give {there} "
             f"({_combine._apart(apart[s_], main)} by more than {_combine.Z_AGREE:g}x the combined total errors and "
             f"{RECORDING_REL_AGREE:.0%}): a different body or mounting?"
-        )
+        ) + _combine.tie_note(s_, ties)
     return excluded, summary
 
 
