@@ -936,12 +936,15 @@ def test_windows_of_one_body_are_judged_against_each_other():
     for f, g in zip(plain[:6], judged[:6]):  # the same minima: only the verdict differs
         np.testing.assert_allclose(g.values["ratios"], f.values["ratios"], rtol=1e-6)
 
-    far = dataclasses.replace(problems[0].parameters["ratios"], start=[1.05, 1.2])
+    # from this start the window alone needs ~20 iterations; from their own starts the others
+    # need 4-9 (with a cap of 4 most of them ran out too, and no consensus was left to rescue it)
+    far = dataclasses.replace(problems[0].parameters["ratios"], start=[0.2, 1.1])
     lost = problems[:6]
     lost[2] = dataclasses.replace(lost[2], parameters={"ratios": far})
-    alone = identify.fit(lost[2], starts=1, max_steps=4)
+    alone = identify.fit(lost[2], starts=1, max_steps=10)
     assert alone.status == identify.FitStatus.MAX_STEPS
-    rescued = identify.fit_many(lost, starts=1, max_steps=4, groups=["toss"] * 6)
+    rescued = identify.fit_many(lost, starts=1, max_steps=10, groups=["toss"] * 6)
+    assert [f.status.value for i, f in enumerate(rescued) if i != 2] == ["converged"] * 5
     assert rescued[2].status == identify.FitStatus.CONVERGED and "consensus" in rescued[2].message
     # the summary counts the best among the refit's kept starts, of all the window's starts
     r = rescued[2]
