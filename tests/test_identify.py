@@ -105,10 +105,7 @@ def test_recovers_non_diagonal_tensor_drag_and_bias(racquet_joint):
     names = cov["parameters"]
     total = np.sqrt(np.diag(cov["matrix_total"]))[[names.index(f"bias_{c}") for c in "xyz"]]
     assert np.all(np.array(b["total_se"]) >= np.array(b["se"])) and b["se"] == fit.segments[0]["bias_se"]
-    assert (
-        np.allclose(b["total_se"], np.fmax(total, b["se"]), rtol=1e-9)
-        and b["total_se"] == fit.segments[0]["bias_total_se"]
-    )
+    assert np.allclose(b["total_se"], total, rtol=1e-9) and b["total_se"] == fit.segments[0]["bias_total_se"]
     assert np.all(np.abs(bias - truth["bias"]) < 4 * np.array(b["total_se"]))
     assert f"gyroscope bias (rad/s): x {pm(b['value'][0], b['se'][0])} (total " in fit.table()
     # sub-steps chosen per window: the step error shifts no estimate by more than 0.3 errors,
@@ -121,6 +118,19 @@ def test_recovers_non_diagonal_tensor_drag_and_bias(racquet_joint):
 
     moments = np.linalg.eigvalsh(theta_tensor(fit._model["theta"][0], fit._model["spec"]))
     assert moments.min() > 0 and moments.max() <= moments.sum() - moments.max() + 1e-12
+
+
+def test_one_window_leaves_the_bias_total_error_unmeasured(racquet):
+    """A joint fit of one window with a bias: no scatter between windows to measure, so the
+    bias's total error is ``None`` (not the statistical one passed off as total) and the
+    table prints the statistical error alone."""
+    _, segs = racquet
+    fit = fit_inertia(segs[:1], **FULL, joint=True, starts=1)
+    (b,) = fit.combined["bias"].values()
+    assert b["total_se"] == [None] * 3 and all(np.isfinite(b["se"])) and fit.segments[0]["bias_total_se"] == [None] * 3
+    line = next(x for x in fit.table().splitlines() if "gyroscope bias" in x)
+    assert "(total" not in line and pm(b["value"][0], b["se"][0]) in line
+    assert fit.combined["method"].startswith("one window: no scatter")
 
 
 def test_table_and_json_ready(racquet_joint):

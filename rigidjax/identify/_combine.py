@@ -52,6 +52,7 @@ import math
 import numpy as np
 from scipy import special
 
+from ._derived import standard_errors
 from ._result import FitStatus
 
 #: Agreement of recordings: medians within ``Z_AGREE`` combined spreads (log scale) ...
@@ -147,6 +148,17 @@ def sandwich(A: np.ndarray, scores: np.ndarray) -> np.ndarray:
     return Ainv @ (scores.T @ scores) @ Ainv * G / max(G - 1, 1)
 
 
+def cluster_sandwich(f, J: np.ndarray, n_phys: int, n_sh: int):
+    """The cluster sandwich of a joint fit ``f`` (a :class:`~rigidjax.identify.ProblemFit`)
+    over its S windows: ``(covariance (n_sh, n_sh) of the shared and bias coordinates,
+    standard errors of the named estimates (Jacobian ``J`` of the first ``n_phys``), their
+    degrees of freedom (:func:`cluster_dof`))``."""
+    d = np.asarray(f.segment_influence, float)[:, :n_sh]  # (S, n_sh) each window's first-order pull
+    S = d.shape[0]
+    sw = d.T @ d * S / (S - 1)
+    return sw, standard_errors(J, sw[:n_phys, :n_phys]), cluster_dof(J @ d[:, :n_phys].T)
+
+
 def cluster_dof(influence) -> np.ndarray:
     """Degrees of freedom of a cluster-robust variance: ``(sum_g d_g^2)^2 / sum_g d_g^4 - 1``
     per row of ``influence (K, G)``, ``d_g`` cluster ``g``'s first-order shift of an estimate
@@ -223,8 +235,8 @@ def tie_note(source, ties: list) -> str:
     if not any(source in t for t in ties):
         return ""
     return (
-        " (but the recordings that agree with it have as many windows as the pooled ones: which is the body the "
-        "data cannot tell, the first listed was pooled; pool='all' pools all)"
+        " (a group of recordings that agree among themselves, this one among them, has as many windows as the "
+        "pooled group: which group is the body the data cannot tell; the listing order chose)"
     )
 
 

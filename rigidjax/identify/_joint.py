@@ -17,7 +17,7 @@ import numpy as np
 from scipy import special
 
 from . import _combine
-from ._derived import FitError, lower_bound, standard_errors
+from ._derived import FitError, lower_bound
 from ._model import (
     equation_error_guess,
     phys_theta,
@@ -235,7 +235,8 @@ def _recordings_agree(run: _Run, rows, model: dict, pooled, k, starts: int, befo
             # the sandwich over few windows is itself uncertain: widened to Student t's
             # quantile at the windows' number less one
             widen = special.stdtrit(len(idx) - 1.0, 0.975) / special.ndtri(0.975)
-            tot[src] = np.fmax(_cluster(f, J, spec.n_phys, spec.n_phys)[1][pick] * widen / v, stat[src])
+            sandwich = _combine.cluster_sandwich(f, J, spec.n_phys, spec.n_phys)[1]
+            tot[src] = np.fmax(sandwich[pick] * widen / v, stat[src])
     if not tot:  # no recording can say how far model error moves its estimate
         return None, summary
     inflate = np.median(np.stack([tot[s_] / stat[s_] for s_ in tot]), 0)
@@ -415,7 +416,7 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
     widened, dof = [], np.full(len(run.names), float(S - 1))
     sw = None
     if not singular and S > 1:
-        sw, se_sw, dof = _cluster(f, J, spec.n_phys, n_sh)
+        sw, se_sw, dof = _combine.cluster_sandwich(f, J, spec.n_phys, n_sh)
         for j_, n_ in enumerate(run.names):
             se_tot[n_] = float(np.fmax(se_sw[j_], se[n_]))
             lo, hi = _combine.t_interval(est[n_], se_tot[n_], dof[j_] if np.isfinite(dof[j_]) else S - 1)
@@ -428,9 +429,11 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
     theta, _ = phys_theta(xp[None, : spec.n_phys], spec)
     bias_w = biases[groups]
     bias_se = np.sqrt(np.maximum(np.diag(cov), 0.0)) if np.all(np.isfinite(cov)) else np.full(cov.shape[0], np.inf)
-    # each bias's total error: the sandwich's, at least the statistical (None without a sandwich)
-    b_sw = np.sqrt(np.maximum(np.diag(sw), 0.0)) if sw is not None else np.full(n_sh, np.nan)
-    bias_tot = [None if np.isnan(v) else v for v in np.fmax(b_sw, bias_se[:n_sh])[spec.n_phys :].tolist()]
+    # each bias's total error: the sandwich's, at least the statistical; None where not measured
+    # (no sandwich, or a recording of one pooled window: no scatter of its own between windows)
+    one = np.repeat(np.bincount(np.asarray(groups, int), minlength=G) < 2, spec.n_bias)
+    b_sw = np.sqrt(np.maximum(np.diag(sw), 0.0))[spec.n_phys :] if sw is not None else np.full(one.size, np.nan)
+    bias_tot = [None if o or np.isnan(v) else float(max(v, e)) for v, e, o in zip(b_sw, bias_se[spec.n_phys :], one)]
     off_w = n_sh  # the windows' initial rates follow the shared and bias values
     ref = np.full(S, np.nan)
     if reference_check:
@@ -482,6 +485,8 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
     method = (
         f"cluster-robust (sandwich) error over the {S} windows, at least the statistical one; Student t with "
         f"the windows' effective degrees of freedom ({np.nanmin(dof):.1f}-{np.nanmax(dof):.1f} of at most {S - 1})"
+        if S > 1
+        else "one window: no scatter between windows to measure (no total error, no interval)"
     )
     if widened:
         method += (
@@ -522,16 +527,6 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
         _model=model,
     )
     return InertiaFit(status=status, message=message, combined=combined, **base)
-
-
-def _cluster(f: ProblemFit, J: np.ndarray, n_phys: int, n_sh: int):
-    """The cluster sandwich of a joint fit ``f`` over its S windows: ``(covariance (n_sh, n_sh)
-    of the shared and bias coordinates, standard errors of the named estimates (Jacobian ``J``
-    of the first ``n_phys``), their degrees of freedom)``."""
-    d = np.asarray(f.segment_influence, float)[:, :n_sh]  # (S, n_sh) each window's first-order pull
-    S = d.shape[0]
-    sw = d.T @ d * S / (S - 1)
-    return sw, standard_errors(J, sw[:n_phys, :n_phys]), _combine.cluster_dof(J @ d[:, :n_phys].T)
 
 
 def _shared_fit(run: _Run, model: dict, pooled, groups, k, cands) -> ProblemFit:

@@ -59,11 +59,13 @@ EXIT_CODES = {FitStatus.CONVERGED: 0, FitStatus.INCONSISTENT: 3}
 def exit_code(status: FitStatus, not_pooled: bool = False) -> int:
     """The command line's exit code for a fit's status (:data:`EXIT_CODES`; 1 for any other).
 
-    ``not_pooled``: some recording was left out of the combined estimate (the fit's
-    ``combined["excluded"]``). Then the code is 3 whatever the status: a window that did not
-    converge ranks above ``inconsistent`` in the status (its line names both), but the
-    combined estimate then describes fewer recordings than were given, which a script reading
-    only the exit code must learn."""
+    ``not_pooled``: some recording was left out of the combined estimate because it disagrees
+    with the pooled ones (the fit's ``combined["excluded"]``). Then the code is 3 whatever the
+    status: a window that did not converge ranks above ``inconsistent`` in the status (its
+    line names both), but the combined estimate then leaves out a body that may be another,
+    which a script reading only the exit code must learn. (Windows left out for their own
+    status, e.g. every window of a recording ``unidentifiable``, give 1; the status line
+    counts them.)"""
     return 3 if not_pooled else EXIT_CODES.get(FitStatus(status), 1)
 
 
@@ -144,7 +146,8 @@ class InertiaFit:
             ``excluded`` (recording -> why), ``by_source`` summaries of the windows' own
             estimates, ``method`` of the intervals; joint mode also ``bias`` (recording ->
             ``value``, ``se`` statistical and ``total_se``, the cluster sandwich over the
-            windows, at least ``se``, ``None`` with one window; rad/s; the table prints them)
+            windows, at least ``se``, ``None`` for a recording of one pooled window: not
+            measured; rad/s; the table prints them)
             and ``by_recording`` (with a bias; recording -> its windows fitted jointly: ``n``,
             ``status``, ``Ix/Iy`` and ``Iz/Iy`` with ``value`` and ``total_se``; the pooling
             check).
@@ -224,9 +227,10 @@ class InertiaFit:
             return {
                 "parameters": names + list(j["bias_names"]),
                 "matrix": np.asarray(j["cov"], float),
-                "matrix_total": self._match_total(j["cov_total"], names + list(j["bias_names"])),
+                "matrix_total": self._match_total(j["cov_total"], names + list(j["bias_names"]), self._bias_totals()),
                 "kind": "joint fit: statistical (Gauss-Newton); total: cluster-robust (sandwich) over windows, "
-                "scaled so its diagonal is total_uncertainties squared (at least the statistical variance)",
+                "scaled so its diagonal is total_uncertainties squared (at least the statistical variance; the "
+                "biases': combined['bias'] total_se)",
                 "_xp": np.asarray(j["xp"], float)[:P],
             }
         pooled = list(self.combined.get("windows") or [])
@@ -253,16 +257,24 @@ class InertiaFit:
             "_xp": xp,
         }
 
-    def _match_total(self, total, names):
+    def _bias_totals(self) -> dict:
+        """Joint mode: each gyroscope bias's total error by its covariance name
+        (``combined["bias"]``'s ``total_se``; ``None`` where not measured)."""
+        names = (self._model or {}).get("joint", {}).get("bias_names", [])
+        totals = [t for b in (self.combined.get("bias") or {}).values() for t in (b.get("total_se") or [None] * 3)]
+        return dict(zip(names, totals)) if len(totals) == len(names) else {}
+
+    def _match_total(self, total, names, extra: dict | None = None):
         """``total`` rescaled (its correlations kept) so that its diagonal is
-        :attr:`total_uncertainties` squared for every parameter that has a finite, positive one:
-        one total error per quantity, the one the intervals use. Other rows (bias) unchanged."""
+        :attr:`total_uncertainties` squared (or ``extra``'s value: the biases' ``total_se``)
+        for every parameter that has a finite, positive one: one total error per quantity, the
+        one the intervals and ``combined["bias"]`` give. Other rows unchanged."""
         if total is None:
             return None
         total = np.array(total, float)
         f = np.ones(len(total))
         for k, n in enumerate(names):
-            e, var = self.total_uncertainties.get(n), total[k, k]
+            e, var = self.total_uncertainties.get(n, (extra or {}).get(n)), total[k, k]
             if e is not None and np.isfinite(e) and e > 0 and np.isfinite(var) and var > 0:
                 f[k] = e / np.sqrt(var)
         return total * np.outer(f, f)
