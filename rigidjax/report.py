@@ -346,6 +346,15 @@ def report_html(
                 f"<p>Interval: {html.escape(result.combined['method'])}. σ in the last column: the "
                 "reference's and the total (between-window) error in quadrature.</p>"
             )
+        bias = result.combined.get("bias") or {}  # joint mode: one gyroscope bias per recording
+        b_rows = [
+            [f"<span class='l'>{html.escape(str(src))}</span>", a, _num(v, e), _num(t) if t is not None else "—"]
+            for src, b in bias.items()
+            for a, v, e, t in zip("xyz", b["value"], b["se"], b.get("total_se") or [None] * 3)
+        ]
+        if b_rows:
+            head = ["recording", "axis", "gyroscope bias (rad/s) ± statistical 1σ", "total 1σ (between windows)"]
+            parts.append(_table(head, b_rows, "bias"))
     else:
         parts.append("<p>no estimate.</p>")
     rms = f"{result.rms:.4g} rad/s" if np.isfinite(result.rms) else "—"

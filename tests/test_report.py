@@ -105,6 +105,12 @@ def test_json_covariance(demo):
     tensor = d["inertia"]["tensor"]
     assert tensor["se_total"][0][0] == pytest.approx(d["total_uncertainties"]["Ix"], rel=1e-9)
     assert tensor["se_total"][2][2] == pytest.approx(d["total_uncertainties"]["Iz"], rel=1e-9)
+    # the biases' total errors are combined["bias"]'s, printed in the report's bias table
+    (b,) = d["combined"]["bias"].values()
+    for j in range(3):
+        assert np.sqrt(T[6 + j, 6 + j]) == pytest.approx(b["total_se"][j], rel=1e-9)
+    page = demo[3].read_text()
+    assert "gyroscope bias (rad/s) ± statistical 1σ" in page and f"{b['total_se'][0]:.5g}" in page
     own = d["segments"][0]["own"]["covariance"]
     assert own["parameters"][:6] == c["parameters"][:6] and np.array(own["matrix"]).shape == (9, 9)
 

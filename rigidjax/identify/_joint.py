@@ -476,6 +476,8 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
         model["omega0"][i] = w0s[j]
         model["bias"][i] = bias_w[j]
         model["substeps"][i] = r["substeps"] = int(k[i])
+    for r in rows if spec.bias else ():  # left-out windows: their own fit's bias, no total error
+        r.setdefault("bias_total_se", None)
     status, message = _overall(rows, excluded)
     bias = {}
     for g_ in range(G if spec.bias else 0):
