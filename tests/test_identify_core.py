@@ -342,3 +342,23 @@ def test_fits_run_numpys_blas_on_one_thread():
     with pytest.warns(UserWarning, match="unidentifiable") as caught:
         identify.fit_inertia((t, np.ones((5, 3))))
     assert {w.filename for w in caught} == {__file__}, [(w.filename, w.lineno) for w in caught]
+
+
+def test_a_recording_without_a_converged_window_is_named():
+    """The status line counts windows by status; a recording none of whose windows converged
+    (QA: a file of random rates beside round 2, every window ``unidentifiable``) is named too,
+    where other recordings are pooled, and only then."""
+    from rigidjax.identify import FitStatus as S
+    from rigidjax.identify._windows import _overall
+
+    rows = [
+        {"name": "a#0", "recording": "a", "status": S.CONVERGED},
+        {"name": "a#1", "recording": "a", "status": S.POOR_FIT},
+        {"name": "b#0", "recording": "b", "status": S.UNIDENTIFIABLE},
+        {"name": "c#0", "recording": "c", "status": S.INCONSISTENT},
+    ]
+    status, message = _overall(rows, {"c": "disagrees"})
+    assert status == S.INCONSISTENT and "1 of 4 window(s) unidentifiable" in message
+    assert "no window of 1 recording(s) converged, none of them pooled: b" in message and "pooled: b;" not in message
+    _, message = _overall([dict(r, status=S.MAX_STEPS) for r in rows[:3]], {})
+    assert "no window of" not in message  # nothing pooled at all: the counts say it

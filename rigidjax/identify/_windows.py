@@ -191,6 +191,13 @@ def _overall(rows, excluded: dict, extra: list[str] = ()) -> tuple[FitStatus, st
             parts.append(f"{len(counts[st_])} of {len(rows)} window(s) {st_.value}")
     if excluded:
         parts.append(f"{len(excluded)} recording(s) not pooled (inconsistent): " + "; ".join(excluded))
+    # a recording none of whose windows converged adds nothing to the combined estimate: named
+    # where others are pooled (the counts above say only how many windows)
+    fine = {r.get("recording") for r in rows if r["status"] == FitStatus.CONVERGED}
+    lost = [g for g in dict.fromkeys(r.get("recording") for r in rows) if g not in fine and g not in excluded]
+    if fine and lost:
+        names = "; ".join(map(str, lost))
+        parts.append(f"no window of {len(lost)} recording(s) converged, none of them pooled: {names}")
     parts += list(extra)
     present = [s for s in _SEVERITY if s in counts or (s == FitStatus.INCONSISTENT and excluded)]
     status = present[0] if present else FitStatus.UNIDENTIFIABLE
