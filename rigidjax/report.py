@@ -348,7 +348,7 @@ def report_html(
             )
         bias = result.combined.get("bias") or {}  # joint mode: one gyroscope bias per recording
         b_rows = [
-            [f"<span class='l'>{html.escape(str(src))}</span>", a, _num(v, e), _num(t) if t is not None else "—"]
+            [f"<span class='l'>{html.escape(str(src))}</span>", a, _num(v, e), f"{t:.2g}" if t is not None else "—"]
             for src, b in bias.items()
             for a, v, e, t in zip("xyz", b["value"], b["se"], b.get("total_se") or [None] * 3)
         ]

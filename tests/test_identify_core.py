@@ -362,3 +362,34 @@ def test_a_recording_without_a_converged_window_is_named():
     assert "no window of 1 recording(s) converged, none of them pooled: b" in message and "pooled: b;" not in message
     _, message = _overall([dict(r, status=S.MAX_STEPS) for r in rows[:3]], {})
     assert "no window of" not in message  # nothing pooled at all: the counts say it
+
+
+def test_total_covariance_bias_rows_are_the_reported_total_errors():
+    """``covariance()["matrix_total"]``'s bias rows are scaled to ``combined["bias"]``'s
+    ``total_se`` (correlations kept); a recording whose total is not measured (one pooled
+    window: ``None``) gets its statistical error, not the raw sandwich (QA: a one-window
+    recording's bias_x had a raw sandwich 230x below its statistical error)."""
+    from types import SimpleNamespace
+
+    from rigidjax.identify import InertiaFit
+
+    names = [f"bias_{c} ({r})" for r in "ab" for c in "xyz"]
+    fake = SimpleNamespace(
+        _model={"joint": {"bias_names": names}},
+        combined={
+            "bias": {
+                "a": {"se": [1.0, 2, 3], "total_se": [4.0, 5, 6]},
+                "b": {"se": [7.0, 8, 9], "total_se": [None] * 3},
+            }
+        },
+        total_uncertainties={},
+    )
+    extra = InertiaFit._bias_totals(fake)
+    assert extra == dict(zip(names, [4.0, 5, 6, 7, 8, 9]))
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((6, 6))
+    raw = a @ a.T * 1e-6  # a sandwich far below the errors
+    out = InertiaFit._match_total(fake, raw, names, extra)
+    np.testing.assert_allclose(np.sqrt(np.diag(out)), [4, 5, 6, 7, 8, 9], rtol=1e-12)
+    d = np.sqrt(np.diag(raw))
+    np.testing.assert_allclose(out / np.sqrt(np.outer(np.diag(out), np.diag(out))), raw / np.outer(d, d), rtol=1e-12)

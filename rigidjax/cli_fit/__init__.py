@@ -69,7 +69,7 @@ exit status:
      table say which)
   2  bad path, file or option
   3  recordings whose estimates disagree were not pooled (--pool-all pools them anyway);
-     3 also where some window would give 1 (the status line names both)
+     3 takes precedence over 1 (the status line names both)
   130  interrupted (Ctrl-C)
 """
 

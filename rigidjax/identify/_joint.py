@@ -477,7 +477,7 @@ def _joint(run: _Run, rows, per: InertiaFit, k, pool, *, reference_check: bool, 
         model["bias"][i] = bias_w[j]
         model["substeps"][i] = r["substeps"] = int(k[i])
     for r in rows if spec.bias else ():  # left-out windows: their own fit's bias, no total error
-        r.setdefault("bias_total_se", None)
+        r.setdefault("bias_total_se", [None] * 3)
     status, message = _overall(rows, excluded)
     bias = {}
     for g_ in range(G if spec.bias else 0):

@@ -230,7 +230,7 @@ class InertiaFit:
                 "matrix_total": self._match_total(j["cov_total"], names + list(j["bias_names"]), self._bias_totals()),
                 "kind": "joint fit: statistical (Gauss-Newton); total: cluster-robust (sandwich) over windows, "
                 "scaled so its diagonal is total_uncertainties squared (at least the statistical variance; the "
-                "biases': combined['bias'] total_se)",
+                "biases': combined['bias'] total_se, their statistical se where that is not measured)",
                 "_xp": np.asarray(j["xp"], float)[:P],
             }
         pooled = list(self.combined.get("windows") or [])
@@ -259,9 +259,15 @@ class InertiaFit:
 
     def _bias_totals(self) -> dict:
         """Joint mode: each gyroscope bias's total error by its covariance name
-        (``combined["bias"]``'s ``total_se``; ``None`` where not measured)."""
+        (``combined["bias"]``'s ``total_se``; where not measured, a recording of one pooled
+        window, its statistical ``se``: that window's own pull on its bias is ~0, so the raw
+        sandwich there would be far below the statistical error)."""
         names = (self._model or {}).get("joint", {}).get("bias_names", [])
-        totals = [t for b in (self.combined.get("bias") or {}).values() for t in (b.get("total_se") or [None] * 3)]
+        totals = [
+            s if t is None else t
+            for b in (self.combined.get("bias") or {}).values()
+            for t, s in zip(b.get("total_se") or [None] * 3, b["se"])
+        ]
         return dict(zip(names, totals)) if len(totals) == len(names) else {}
 
     def _match_total(self, total, names, extra: dict | None = None):
