@@ -375,7 +375,6 @@ def test_total_covariance_bias_rows_are_the_reported_total_errors():
 
     names = [f"bias_{c} ({r})" for r in "ab" for c in "xyz"]
     fake = SimpleNamespace(
-        _model={"joint": {"bias_names": names}},
         combined={
             "bias": {
                 "a": {"se": [1.0, 2, 3], "total_se": [4.0, 5, 6]},
@@ -384,7 +383,7 @@ def test_total_covariance_bias_rows_are_the_reported_total_errors():
         },
         total_uncertainties={},
     )
-    extra = InertiaFit._bias_totals(fake)
+    extra = InertiaFit._bias_totals(fake, names)
     assert extra == dict(zip(names, [4.0, 5, 6, 7, 8, 9]))
     rng = np.random.default_rng(0)
     a = rng.standard_normal((6, 6))

@@ -227,7 +227,9 @@ class InertiaFit:
             return {
                 "parameters": names + list(j["bias_names"]),
                 "matrix": np.asarray(j["cov"], float),
-                "matrix_total": self._match_total(j["cov_total"], names + list(j["bias_names"]), self._bias_totals()),
+                "matrix_total": self._match_total(
+                    j["cov_total"], names + list(j["bias_names"]), self._bias_totals(j["bias_names"])
+                ),
                 "kind": "joint fit: statistical (Gauss-Newton); total: cluster-robust (sandwich) over windows, "
                 "scaled so its diagonal is total_uncertainties squared (at least the statistical variance; the "
                 "biases': combined['bias'] total_se, their statistical se where that is not measured)",
@@ -257,12 +259,11 @@ class InertiaFit:
             "_xp": xp,
         }
 
-    def _bias_totals(self) -> dict:
-        """Joint mode: each gyroscope bias's total error by its covariance name
-        (``combined["bias"]``'s ``total_se``; where not measured, a recording of one pooled
-        window, its statistical ``se``: that window's own pull on its bias is ~0, so the raw
-        sandwich there would be far below the statistical error)."""
-        names = (self._model or {}).get("joint", {}).get("bias_names", [])
+    def _bias_totals(self, names) -> dict:
+        """Joint mode: each gyroscope bias's total error by its covariance name (``names``, in
+        ``combined["bias"]``'s order): its ``total_se``, or where that is not measured (a
+        recording of one pooled window) its statistical ``se``: that window's own pull on its
+        bias is ~0, so the raw sandwich there would be far below the statistical error."""
         totals = [
             s if t is None else t
             for b in (self.combined.get("bias") or {}).values()
