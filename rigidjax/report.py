@@ -346,14 +346,38 @@ def report_html(
                 f"<p>Interval: {html.escape(result.combined['method'])}. σ in the last column: the "
                 "reference's and the total (between-window) error in quadrature.</p>"
             )
-        bias = result.combined.get("bias") or {}  # joint mode: one gyroscope bias per recording
-        b_rows = [
-            [f"<span class='l'>{html.escape(str(src))}</span>", a, _num(v, e), f"{t:.2g}" if t is not None else "—"]
-            for src, b in bias.items()
-            for a, v, e, t in zip("xyz", b["value"], b["se"], b.get("total_se") or [None] * 3)
-        ]
+        bias = result.combined.get("bias") or {}  # joint mode or bias="rest": one gyroscope bias per recording
+        b_rows = []
+        for src, b in bias.items():
+            rest = b.get("rest") or {"value": [None] * 3, "sd": [None] * 3}
+            z = b.get("rest_z") or [None] * 3
+            for i, a in enumerate("xyz"):
+                t = (b.get("total_se") or [None] * 3)[i]
+                if b.get("measured") == "at rest":
+                    judged = "read at rest, subtracted"
+                elif z[i] is None:
+                    judged = "—"
+                else:
+                    judged = f"{z[i]:.1f}" + (" (contradicts)" if z[i] > 3 and not b.get("rest_agrees", True) else "")
+                b_rows.append(
+                    [
+                        f"<span class='l'>{html.escape(str(src))}</span>",
+                        a,
+                        _num(b["value"][i], b["se"][i]),
+                        f"{t:.2g}" if t is not None else "—",
+                        _num(rest["value"][i], rest["sd"][i]) if rest["value"][i] is not None else "—",
+                        judged,
+                    ]
+                )
         if b_rows:
-            head = ["recording", "axis", "gyroscope bias (rad/s) ± statistical 1σ", "total 1σ (between windows)"]
+            head = [
+                "recording",
+                "axis",
+                "gyroscope bias (rad/s) ± statistical 1σ",
+                "total 1σ (between windows)",
+                "read at rest ± scatter",
+                "fitted - at rest (errors)",
+            ]
             parts.append(_table(head, b_rows, "bias"))
     else:
         parts.append("<p>no estimate.</p>")

@@ -142,9 +142,33 @@ def test_errors_exit_2(tmp_path, capsys):
         (["--starts", "0"], "--starts must be >= 1"),
         (["--max-rate", "-1"], "--max-rate must be > 0"),
         (["--substeps", "two"], "--substeps must be 'auto'"),
+        (["--bias", "nonsense"], "--bias takes 'fit', 'rest' or nothing"),
     ):
         assert main(["fit", *argv]) == 2
         assert msg in capsys.readouterr().err
+
+
+def test_bias_read_at_rest_and_bias_before_the_path(tmp_path, capsys):
+    """``--bias rest`` subtracts each recording's reading at rest (the synthetic recording lies
+    still 1.2 s before each toss); ``--bias PATH`` fits a bias to PATH (the optional value is
+    not mistaken for one); a recording that never lies still (0.3 s between tosses, below one
+    0.5 s block) is refused for ``--bias rest`` with exit 2."""
+    from rigidjax.synthetic import synthesize_recording
+
+    truth = synthesize_recording(tmp_path / "still", n_tosses=3, seed=3)
+    out = tmp_path / "rest.json"
+    assert main(["fit", "--bias", "rest", truth["path"], "--quiet", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "gyro bias read at rest" in printed and "read at rest over" in printed
+    d = json.loads(out.read_text())
+    assert d["options"]["bias"] == "rest"
+    (b,) = d["combined"]["bias"].values()
+    assert b["measured"] == "at rest" and np.allclose(b["value"], truth["bias"], atol=4 * max(b["se"]))
+    assert main(["fit", "--bias", truth["path"], "--quiet"]) in (0, 1)
+    assert "gyro bias)" in capsys.readouterr().out
+    busy = synthesize_recording(tmp_path / "busy", n_tosses=3, seed=3, rest=0.3)
+    assert main(["fit", busy["path"], "--bias", "rest", "--quiet"]) == 2
+    assert "never lie still" in capsys.readouterr().err
 
 
 @pytest.mark.slow

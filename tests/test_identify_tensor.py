@@ -190,3 +190,30 @@ def test_classical_covariance_of_values_and_initial_rates_is_fit_inertias():
     short = dataclasses.replace(p.segments[0], t=t[:3], data={"omega": y[:3]})
     tiny = identify.fit(dataclasses.replace(p, segments=[short]))
     assert np.all(np.isinf(tiny.initial_se)) and np.all(np.isinf(tiny.covariance_classical))
+
+
+def test_propagated_total_error_is_never_below_the_statistical():
+    """A total covariance of rank one (the sandwich over two windows) propagates to zero in the
+    directions it does not span; every propagated ``se_total`` (tensor, principal moments,
+    axes' tilt) is floored at its ``se``, and where the total dominates it is left alone."""
+    from rigidjax.identify._model import Spec
+    from rigidjax.identify._principal import tensor_summary
+
+    spec = Spec(tensor=True, drag=None, bias=False)
+    xp = np.array([13.0, 14.0, 0.4, 0.01, -0.3])
+    stat = np.diag([0.04, 0.04, 1e-4, 1e-4, 1e-4])
+    u = np.array([1.0, 0.5, 0.0, 0.0, 0.0])
+    low_rank = 0.09 * np.outer(u, u)  # larger than stat along u, zero elsewhere
+    s = tensor_summary(xp, spec, None, stat, low_rank)
+    plain = tensor_summary(xp, spec, None, stat, None)
+    for part, key_se, key_tot in (
+        ("tensor", "se", "se_total"),
+        ("principal_moments", "se", "se_total"),
+        ("principal_axes", "se_deg", "se_total_deg"),
+    ):
+        se, tot = np.asarray(s[part][key_se]), np.asarray(s[part][key_tot])
+        assert np.all(tot >= se) and np.array_equal(se, np.asarray(plain[part][key_se]))
+    # I_xx/I_yy = xp[0]: its total (0.3 along u) exceeds its statistical 0.2 and is kept
+    assert s["tensor"]["se_total"][0][0] == pytest.approx(0.3, rel=1e-6)
+    # I_xy: the low-rank total has no variance there; floored at the statistical 0.01
+    assert s["tensor"]["se_total"][0][1] == pytest.approx(s["tensor"]["se"][0][1], rel=1e-12)

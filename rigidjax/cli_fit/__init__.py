@@ -156,7 +156,16 @@ def add_parsers(subparsers) -> None:
         choices=["isotropic", "diagonal"],
         help="fit an angular air drag (default isotropic)",
     )
-    p.add_argument("--bias", action="store_true", help="fit a constant gyroscope bias (per recording when --joint)")
+    p.add_argument(
+        "--bias",
+        nargs="?",
+        const="fit",
+        default=None,
+        metavar="{fit,rest}",
+        help="a constant gyroscope bias: fitted (default; per recording when --joint; judged against the "
+        "gyroscope's reading where the body lies still, status poor_fit where they disagree) or 'rest': read "
+        "where the body lies still in each recording and subtracted",
+    )
     p.add_argument("--gain", action="store_true", help="motion CSV: fit a per-axis gyroscope gain")
     p.add_argument("--misalignment", action="store_true", help="motion CSV: fit a small rotation of the gyro axes")
     p.add_argument("--delay", type=float, default=None, metavar="S", help="motion CSV: fit a gyro delay |tau| < S")
@@ -320,6 +329,10 @@ def run(args) -> int:
 
     jax.config.update("jax_enable_x64", True)  # the command's choice; the library never flips it
 
+    if args.bias not in (None, "fit", "rest"):  # `--bias FILE`: the optional value took the path
+        if not Path(args.bias).exists():
+            return error("fit", f"--bias takes 'fit', 'rest' or nothing; got {args.bias!r}")
+        args.path, args.bias = [args.bias, *args.path], "fit"
     for name, lo in (("starts", 1), ("max_steps", 1), ("tosses", 1), ("max_samples", 10)):
         if getattr(args, name) is not None and getattr(args, name) < lo:
             return error("fit", f"--{name.replace('_', '-')} must be >= {lo}; got {getattr(args, name)}")
@@ -353,7 +366,8 @@ def run(args) -> int:
 
     truth = None
     tmp = None
-    tensor, drag, bias = args.tensor, args.drag, args.bias
+    tensor, drag = args.tensor, args.drag
+    bias = {None: False, "fit": True, "rest": "rest"}[args.bias]
     joint = bool(args.joint)
     progress = Progress(quiet=args.quiet)
     try:
@@ -452,7 +466,7 @@ def run(args) -> int:
         result.truth = truth
         model = "full tensor" if tensor else "principal moments along sensor axes"
         model += f", drag {drag}" if drag else ", no drag"
-        model += ", gyro bias" if bias else ""
+        model += {True: ", gyro bias", "rest": ", gyro bias read at rest"}.get(bias, "")
         print(f"\n{len(segs)} window(s) from {path}; {result.mode} fit ({model}); {elapsed:.1f} s\n")
         print(result.table())
         for w in caught:  # after the table: the status line says the same, this names each window

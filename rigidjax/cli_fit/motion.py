@@ -59,12 +59,14 @@ def run_motion(args, path) -> int:
             "--tensor, --drag, --joint and --scale apply to gyroscope-only recordings; this file has "
             f"{', '.join(motion.kinds)}{' and torques' if motion.torque is not None else ''}"
         )
+    if args.bias == "rest":
+        return _error("--bias rest reads the bias where a gyroscope-only recording lies still; fit it here (--bias)")
     if args.delay is not None and not args.delay > 0:
         return _error(f"--delay must be > 0 s; got {args.delay}")
     gyro_flags = [
         f
         for f, on in (
-            ("--bias", args.bias),
+            ("--bias", args.bias is not None),
             ("--gain", args.gain),
             ("--misalignment", args.misalignment),
             ("--delay", args.delay is not None),
@@ -77,7 +79,7 @@ def run_motion(args, path) -> int:
     try:
         problem = free_body_problem(
             motion,
-            bias=args.bias,
+            bias=args.bias is not None,
             gain=args.gain,
             misalignment=args.misalignment,
             max_delay=args.delay,

@@ -48,7 +48,12 @@ What :func:`fit_inertia` does, window by window:
    model promises an insignificant further decrease (below
    :data:`~rigidjax.identify._verdict.CHI2_1_95` residual variances) while the ratios stay
    undetermined (``_verdict.flat``).
-5. **Pools only what belongs together**: recordings (``Segment.source``) whose estimates
+5. **Checks a fitted gyroscope bias against the gyroscope at rest** (``bias=True``): where the
+   window's recording lies still somewhere (:attr:`rigidjax.io.Segment.rest`), a bias more than
+   3 errors from the reading there absorbs model error: the fit is :attr:`~FitStatus.POOR_FIT`
+   (after pooling, which it does not change; :mod:`rigidjax.identify._rest`). ``bias="rest"``
+   subtracts the reading instead of fitting a bias.
+6. **Pools only what belongs together**: recordings (``Segment.source``) whose estimates
    disagree beyond their spread are named and left out (:mod:`rigidjax.identify._combine`;
    ``pool="all"`` forces pooling); the combined estimate carries a statistical error and a
    95 % interval covering the between-window scatter.
@@ -67,7 +72,9 @@ under the shared inertia is far above its own fit's and the others' is left out 
 repeated (:data:`~rigidjax.identify._joint.JOINT_ROUNDS` times at most). The total error is
 the cluster-robust (sandwich) error over windows from each window's first-order influence on
 the estimate (``ProblemFit.segment_influence``), with Student t at the windows' effective
-degrees of freedom.
+degrees of freedom. With a bias, each recording's joint bias is finally checked against its
+reading at rest as in 5. (:func:`~rigidjax.identify._rest.judge_recordings`): a contradiction
+makes the whole fit ``poor_fit``, its estimate kept and flagged.
 """
 
 from __future__ import annotations
@@ -81,6 +88,7 @@ import numpy as np
 from ._derived import FitError, parse_scale
 from ._lm import one_blas_thread
 from ._stored import warn_at_caller
+from . import _rest
 from ._model import (
     DRAG_KINDS,
     Spec,
@@ -111,7 +119,7 @@ def fit_inertia(
     *,
     tensor: bool = False,
     drag: str | None = None,
-    bias: bool = False,
+    bias: bool | str = False,
     joint: bool = False,
     scale=None,
     substeps="auto",
@@ -138,8 +146,12 @@ def fit_inertia(
         tensor: fit the full inertia tensor (principal axes rotated from the sensor axes)
             instead of principal moments along the sensor axes.
         drag: ``None``, ``"isotropic"`` (``D = c I_3``) or ``"diagonal"`` (sensor axes).
-        bias: fit a constant gyroscope bias (rad/s): per window, and per recording
-            (``Segment.source``) in a joint fit.
+        bias: ``False`` (default), ``True``: fit a constant gyroscope bias (rad/s): per
+            window, and per recording (``Segment.source``) in a joint fit; where a recording
+            lies still somewhere (``Segment.rest``) the fitted bias is judged against the
+            gyroscope's reading at rest (:mod:`rigidjax.identify._rest`: a contradicted bias
+            absorbs model error, status ``poor_fit``). ``"rest"``: the bias is that reading,
+            subtracted from the rates, not fitted (every recording must lie still somewhere).
         joint: one shared inertia (and drag) for the pooled windows, each with its own initial
             angular velocity; ``False`` (default) fits every window alone and combines.
         scale: a known value fixing the scale: ``"Iy=1.3911e-3"``, ``{"Iy": ...}``,
@@ -168,7 +180,8 @@ def fit_inertia(
 
     Raises:
         FitError: no windows, bad option values, a window longer than ``max_duration`` or
-            ``max_samples`` or faster than ``max_rate``, a joint fit with fewer measured values than unknowns.
+            ``max_samples`` or faster than ``max_rate``, ``bias="rest"`` with a recording that
+            never lies still, a joint fit with fewer measured values than unknowns.
             (:class:`rigidjax.io.DataError` for NaN / malformed data.)
 
     Warns:
@@ -218,7 +231,11 @@ def fit_inertia(
             "If the rates are in deg/s, convert them to rad/s "
             "(x pi/180); if the body really spins this fast, raise the bound (max_rate / --max-rate)"
         )
-    spec = Spec(bool(tensor), drag, bool(bias))
+    if not (isinstance(bias, (bool, np.bool_)) or bias == "rest"):
+        raise FitError(f"bias must be True, False or 'rest'; got {bias!r}")
+    labels = _recording_labels(segs)
+    fit_segs, at_rest = _rest.subtract(segs, labels) if bias == "rest" else (segs, None)
+    spec = Spec(bool(tensor), drag, bias is True or bias is np.True_)
     dtype = jnp.result_type(float)
     if jnp.dtype(dtype) != jnp.float64:
         warn_at_caller(
@@ -226,7 +243,7 @@ def fit_inertia(
             "simulated rates and their derivatives can stall the optimiser (status 'stalled') and degrades the "
             'standard errors; for a trustworthy fit enable float64 first: jax.config.update("jax_enable_x64", True)'
         )
-    run = _Run(segs, spec, scale, seed=seed, max_steps=max_steps, phase1_steps=phase1_steps, progress=progress)
+    run = _Run(fit_segs, spec, scale, seed=seed, max_steps=max_steps, phase1_steps=phase1_steps, progress=progress)
     run.adapt = substeps == "auto"
     n = len(segs)
     p_window = spec.n_phys + spec.n_bias + 3
@@ -235,7 +252,7 @@ def fit_inertia(
     pre = {}
     not_free = {}
     for i, s in enumerate(segs):
-        swing = looks_like_pendulum(s.omega) if s.n >= MIN_SAMPLES else None
+        swing = looks_like_pendulum(fit_segs[i].omega) if s.n >= MIN_SAMPLES else None
         if s.n < MIN_SAMPLES or 3 * s.n <= p_window + 3:
             pre[i] = f"{s.n} samples: too few to determine {p_window} parameters (at least {MIN_SAMPLES} samples)"
         elif run.signal[i] <= SNR_MIN * run.noise[i]:
@@ -252,7 +269,6 @@ def fit_inertia(
     wins = np.array([i for i in range(n) if i not in pre and i not in not_free], int)
     k = _initial_substeps(segs, None if substeps == "auto" else substeps)
 
-    labels = _recording_labels(segs)
     rows = [
         dict(
             name=s.name or f"window {i}", comment=s.comment, source=s.source, recording=labels[i], n=s.n, index=s.index
@@ -271,13 +287,21 @@ def fit_inertia(
         else:
             r.update(per[i])
     result = _combine_windows(run, rows, pool)
+    if spec.bias and not joint:
+        _rest.judge_windows(result, segs)
     if joint:
         result = _joint(run, rows, result, k, pool, reference_check=reference_check, starts=starts)
+        if spec.bias:
+            _rest.judge_recordings(result, segs, labels)
+    if at_rest is not None:  # the model reads omega + the bias at rest, against the raw rates
+        result.combined["bias"] = at_rest
+        if result._model is not None:
+            result._model["bias"] = [s.rest.value for s in segs]
     result._data = segs
     result.options = {
         "tensor": spec.tensor,
         "drag": drag,
-        "bias": spec.bias,
+        "bias": "rest" if at_rest is not None else spec.bias,
         "substeps": substeps,
         "starts": starts,
         "scale": list(scale) if scale else None,

@@ -107,7 +107,8 @@ def tensor_summary(xp: np.ndarray, spec: Spec, scale, cov=None, cov_total=None) 
 
     Returns:
         dict: ``frame``, ``unit``, ``method``; ``tensor`` ``{value (3, 3), se (3, 3),
-        se_total}``; ``principal_moments`` ``{value (3,) ascending, se, se_total}``;
+        se_total}``; ``principal_moments`` ``{value (3,) ascending, se, se_total}`` (every
+        ``se_total`` at least its ``se``);
         ``principal_axes`` ``{rotation (3, 3)`` (columns: the axes of the ascending moments,
         in sensor axes, ``det +1``), ``se_deg`` (3,): the 1-sigma tilt of each axis, degrees,
         ``se_total_deg``, ``rotation_covariance`` (3, 3): covariance of the small rotation
@@ -138,23 +139,32 @@ def tensor_summary(xp: np.ndarray, spec: Spec, scale, cov=None, cov_total=None) 
         rot_cov = np.full((3, 3), np.inf) if degenerate else c_stat[12:15, 12:15]
     elif c_stat is not None:
         rot_cov = np.zeros((3, 3))
+
+    def at_least(tot, stat):
+        """``tot`` no smaller than ``stat`` anywhere: the total covariance is a rescaled
+        sandwich over the windows, of rank at most (windows - 1), so a direction it does not
+        span can propagate below the statistical error."""
+        if tot is None or stat is None:
+            return tot
+        return np.maximum(np.asarray(tot, float), np.asarray(stat, float)).tolist()  # NaN stays NaN
+
     unit = "kg m^2" if scale is not None else "relative to I_yy (the tensor's y-y component in sensor axes); no scale"
     sd = lambda c: None if c is None else np.reshape(_sd(c, slice(0, 9)), (3, 3)).tolist()  # noqa: E731
     return {
         "frame": FRAME,
         "unit": unit,
         "method": "delta method: first-order propagation of the parameters' covariance (central differences)",
-        "tensor": {"value": inertia.tolist(), "se": sd(c_stat), "se_total": sd(c_tot)},
+        "tensor": {"value": inertia.tolist(), "se": sd(c_stat), "se_total": at_least(sd(c_tot), sd(c_stat))},
         "principal_moments": {
             "value": moments.tolist(),
             "se": _sd(c_stat, slice(9, 12)),
-            "se_total": _sd(c_tot, slice(9, 12)),
+            "se_total": at_least(_sd(c_tot, slice(9, 12)), _sd(c_stat, slice(9, 12))),
         },
         "principal_axes": {
             "rotation": R.tolist(),
             "columns": "principal axes of the ascending moments, in sensor axes (det +1)",
             "se_deg": tilt(c_stat),
-            "se_total_deg": tilt(c_tot),
+            "se_total_deg": at_least(tilt(c_tot), tilt(c_stat)),
             "rotation_covariance": None if rot_cov is None else rot_cov.tolist(),
             "fixed_by_model": not spec.tensor,
             "degenerate": degenerate,

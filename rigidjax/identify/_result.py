@@ -29,6 +29,9 @@ class FitStatus(str, enum.Enum):
     NONFINITE = "nonfinite"
     #: A stationary point with an implausible residual (far above the other windows' and
     #: the noise): a wrong basin, or a window that is not free flight. Excluded from combining.
+    #: Also, for a whole fit, a fitted gyroscope bias that the gyroscope's own reading at rest
+    #: contradicts (it absorbs model error, :mod:`rigidjax.identify._rest`): the windows stay
+    #: in the combined estimate and the message says so.
     POOR_FIT = "poor_fit"
     #: The data cannot determine the fitted parameters (noise only, too few samples, a spin
     #: about one principal axis, a ratio known only to more than ±50 %, a degenerate, rod-like
@@ -82,6 +85,30 @@ def pm(v, e) -> str:
     return f"{v:.5g} ± {e:.2g}"
 
 
+def _bias_lines(src: str, b: dict) -> list[str]:
+    """A recording's gyroscope bias in :meth:`InertiaFit.table`: fitted (± statistical, total)
+    or measured at rest, and the reading at rest beside a fitted one."""
+    of = f" of {src}" if src else ""
+    if b.get("measured") == "at rest":
+        r = b["rest"]
+        vals = ", ".join(f"{a} {pm(v, e)}" for a, v, e in zip("xyz", b["value"], b["se"]))
+        return [f"  gyroscope bias{of} (rad/s), read at rest over {r['duration']:.3g} s, subtracted: {vals}"]
+    tot = b.get("total_se") or [None] * 3
+    parts = [
+        f"{a} {pm(v, e)}" + (f" (total {t:.2g})" if t is not None else "")
+        for a, v, e, t in zip("xyz", b["value"], b["se"], tot)
+    ]
+    out = [f"  gyroscope bias{of} (rad/s): " + ", ".join(parts)]
+    if "rest" in b:
+        r, z = b["rest"], b["rest_z"]
+        at = ", ".join(f"{a} {pm(v, e)}" for a, v, e in zip("xyz", r["value"], r["sd"]))
+        out.append(
+            f"    at rest ({r['duration']:.3g} s still): {at}; fitted - at rest: {max(z):.1f} errors at most"
+            + ("" if b.get("rest_agrees", True) else " (contradicts: the bias absorbs model error)")
+        )
+    return out
+
+
 def _interval(iv) -> str:
     if iv is None or iv[0] is None or not (np.isfinite(iv[0]) and np.isfinite(iv[1])):
         return "—"
@@ -115,7 +142,8 @@ class InertiaFit:
             ``"per-window"`` (each window fitted alone, then combined by the median).
         options: the fit's options.
         status: :class:`FitStatus` of the whole: ``CONVERGED`` only if every window is
-            converged and nothing was left out; otherwise the most serious status present
+            converged, nothing was left out and no fitted gyroscope bias is contradicted by the
+            gyroscope at rest (else at least ``POOR_FIT``); otherwise the most serious status present
             (``INCONSISTENT`` > not converged > ``POOR_FIT`` > ``STEP_ERROR`` > ``UNIDENTIFIABLE``).
         message: what the status means here, in words (which windows, which recordings).
         estimates: name -> the combined estimate (per-window: median over the pooled converged
@@ -138,7 +166,8 @@ class InertiaFit:
             the two disagree. ``combined["method"]`` says which, with the coverage.
         segments: one dict per window: name, comment, source, recording, n, substeps, rms
             (rad/s), rms_reference (the same parameters under a tight ODE solver), status,
-            reason, iterations, omega0, (bias, bias_se), estimates and se (its own fit), noise
+            reason, iterations, omega0, (bias, bias_se; rest_z and rest_agrees for a pooled
+            window of a per-window fit with a bias and a reading at rest), estimates and se (its own fit), noise
             and signal (rad/s), step_shift_se; in joint mode, rms, status, substeps, omega0 and
             bias are the joint fit's (with ``bias_total_se``, see ``combined``) and ``own``
             holds the window's own fit.
@@ -147,7 +176,10 @@ class InertiaFit:
             estimates, ``method`` of the intervals; joint mode also ``bias`` (recording ->
             ``value``, ``se`` statistical and ``total_se``, the cluster sandwich over the
             windows, at least ``se``, ``None`` for a recording of one pooled window: not
-            measured; rad/s; the table prints them)
+            measured; rad/s; the table prints them; where the recording lies still somewhere,
+            ``rest`` (the gyroscope's reading at rest: value, sd, duration, blocks), ``rest_z``
+            (per axis, fitted minus at rest over their errors) and ``rest_agrees``; with
+            ``bias="rest"`` in either mode, the readings at rest with ``measured="at rest"``)
             and ``by_recording`` (with a bias; recording -> its windows fitted jointly: ``n``,
             ``status``, ``Ix/Iy`` and ``Iz/Iy`` with ``value`` and ``total_se``; the pooling
             check).
@@ -396,15 +428,8 @@ class InertiaFit:
                 lines.append(f"  {k:<18} {pm(v, self.uncertainties.get(k)):>28}   {_interval(self.intervals.get(k))}")
             if c.get("method"):
                 lines.append(f"  (statistical: noise only, Gauss-Newton; interval: {c['method']})")
-            for src, b in (c.get("bias") or {}).items():  # joint mode: one gyroscope bias per recording
-                tot = b.get("total_se") or [None] * 3
-                parts = [
-                    f"{a} {pm(v, e)}" + (f" (total {t:.2g})" if t is not None else "")
-                    for a, v, e, t in zip("xyz", b["value"], b["se"], tot)
-                ]
-                lines.append(
-                    f"  gyroscope bias (rad/s){' of ' + src if len(c['bias']) > 1 else ''}: " + ", ".join(parts)
-                )
+            for src, b in (c.get("bias") or {}).items():  # one gyroscope bias per recording
+                lines += _bias_lines(src if len(c["bias"]) > 1 else "", b)
         rms = f"{self.rms:.4g} rad/s" if np.isfinite(self.rms) else "—"
         lines.append(f"residual RMS {rms} over the pooled windows; status: {self.status}")
         lines.append(f"  {self.message}")

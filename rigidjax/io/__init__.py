@@ -39,6 +39,7 @@ from pathlib import Path
 from ._base import DataError, Motion, Segment, replacing, walk_folder
 from .detect import DETECTED, WINDOWS, Flight, cut_flights, describe_windows, detect_flights
 from .phyphox import PHYPHOX_ABS, PHYPHOX_GYRO, PHYPHOX_TIME, RAW_DATA, has_phyphox, is_phyphox_zip, load_phyphox
+from .rest import Rest, rest_reading
 from .ros import IMU, ROS_EXTRA, find_ros_bags, has_ros_bags, imu_topics, is_ros_bag, load_ros
 from .sensorlogger import GYROSCOPE, ORIENTATION, is_sensor_logger, load_sensor_logger, load_sensor_logger_motion
 from .table import TARGETS, csv_quantities, load_csv, load_motion_csv, load_npz, parse_columns
@@ -65,6 +66,8 @@ __all__ = [
     "cut_flights",
     "describe_windows",
     "Flight",
+    "Rest",
+    "rest_reading",
     "DETECTED",
     "WINDOWS",
     "parse_columns",

@@ -16,6 +16,8 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 import pandas as pd
 
+from .rest import Rest
+
 _TRUE = {"", "true", "1", "yes", "y", "t", "keep"}
 _FALSE = {"false", "0", "no", "n", "f", "drop"}
 _NONFINITE = ("nan", "inf", "-inf", "+inf", "infinity", "-infinity", "+infinity")
@@ -50,6 +52,9 @@ class Segment:
         comment: the window's comment (e.g. ``"Intermediate axis rotation"``).
         keep: ``False`` for windows that ``segments.csv`` marks as discarded (only returned
             with ``load_phyphox(..., keep_only=False)``).
+        rest: what the gyroscope reads while the body lies still in the window's whole
+            recording (:class:`rigidjax.io.rest.Rest`: the measured bias), or ``None`` where the
+            body never lies still there (the loaders fill it: :func:`rigidjax.io.rest.rest_reading`).
 
     Raises:
         DataError: inconsistent shapes, NaN/inf, fewer than 2 samples, non-increasing time.
@@ -64,6 +69,7 @@ class Segment:
     index: int | None = None
     comment: str = ""
     keep: bool = True
+    rest: Rest | None = None
 
     def __post_init__(self):
         where = self.name or self.source or "Segment"
@@ -103,6 +109,8 @@ class Segment:
                 raise DataError(
                     f"{where}: orientation must be unit quaternions [w, x, y, z]; |q| = {norm[i]} at sample {i}"
                 )
+        if self.rest is not None and not isinstance(self.rest, Rest):
+            raise DataError(f"{where}: rest must be a rigidjax.io.rest.Rest or None; got {type(self.rest).__name__}")
         for field, v in arrays.items():
             v.setflags(write=False)
             object.__setattr__(self, field, v)

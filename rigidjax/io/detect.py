@@ -55,6 +55,7 @@ import dataclasses
 import numpy as np
 
 from ._base import Segment
+from .rest import noise_sigma
 
 __all__ = ["Flight", "detect_flights", "cut_flights", "describe_windows", "DETECTED", "WINDOWS", "GRAVITY"]
 
@@ -79,17 +80,6 @@ class Flight:
     @property
     def duration(self) -> float:
         return self.end - self.start
-
-
-def _noise_sigma(omega: np.ndarray) -> float:
-    """Gyroscope noise, rad/s: robust std of second differences (white noise: var 6 sigma^2),
-    taken over the calmest half of the recording (held still or lying down)."""
-    d2 = np.linalg.norm(omega[2:] - 2 * omega[1:-1] + omega[:-2], axis=1)
-    if d2.size == 0:
-        return 0.0
-    calm = np.sort(d2)[: max(1, d2.size // 2)]
-    # |3-vector of N(0, 6 s^2)| has median ~ 1.54 sqrt(6) s
-    return float(np.median(calm) / (1.54 * np.sqrt(6)))
 
 
 def detect_flights(
@@ -139,7 +129,7 @@ def detect_flights(
     mid = 0.5 * (speed[1:] + speed[:-1])
     deriv = np.linalg.norm(np.diff(omega, axis=0), axis=1) / dt
     if noise is None:
-        noise = 4 * np.sqrt(2) * _noise_sigma(omega) / step
+        noise = 4 * np.sqrt(2) * noise_sigma(omega) / step
     level = max(min_rate, rest_factor * float(np.median(speed)))
     ok = (mid >= level) & (deriv <= slack * mid**2 / np.sqrt(3) + noise) & (dt <= gap * step)
     if accel is not None:
@@ -175,7 +165,14 @@ def cut_flights(segment: Segment, *, accel=None, pauses=(), **rule) -> list[Segm
         name = f"{segment.name} #{k}" if segment.name else f"#{k}"
         out.append(
             Segment(
-                segment.t[sel], segment.omega[sel], **extra, name=name, source=segment.source, index=k, comment=DETECTED
+                segment.t[sel],
+                segment.omega[sel],
+                **extra,
+                name=name,
+                source=segment.source,
+                index=k,
+                comment=DETECTED,
+                rest=segment.rest,
             )
         )
     return out

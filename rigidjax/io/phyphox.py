@@ -50,6 +50,7 @@ from ._base import (
     _zip_dirs,
 )
 from .detect import WINDOWS, cut_flights
+from .rest import rest_reading
 from .units import check_plausible, unit_factor
 
 __all__ = ["RAW_DATA", "PHYPHOX_TIME", "PHYPHOX_GYRO", "PHYPHOX_ABS", "load_phyphox", "is_phyphox_zip", "has_phyphox"]
@@ -111,6 +112,7 @@ def _cut_windows(t, omega, df, rate_cols, csv, segs_df, seg_file, label, keep_on
         missing = [c for c in ("start", "end") if c not in segs_df.columns]
         raise DataError(f"{_where(seg_file, 1)}: missing column(s) {missing}; the header has {list(segs_df.columns)}")
     out = []
+    rest = rest_reading(t, omega, pauses=pauses)
     for i, row in enumerate(segs_df.itertuples(index=False)):
         line = i + 2
         rec = dict(zip(segs_df.columns, row))
@@ -157,7 +159,16 @@ def _cut_windows(t, omega, df, rate_cols, csv, segs_df, seg_file, label, keep_on
                 stacklevel=4,
             )
         out.append(
-            Segment(t[sel], omega[sel], name=f"{label} #{index}", source=csv, index=index, comment=comment, keep=keep)
+            Segment(
+                t[sel],
+                omega[sel],
+                name=f"{label} #{index}",
+                source=csv,
+                index=index,
+                comment=comment,
+                keep=keep,
+                rest=rest,
+            )
         )
     return out
 
@@ -201,7 +212,7 @@ def _load_export(
         check_plausible(t, omega, csv)
     pauses = _pause_times(files) * unit_factor("time", time_unit)
     if not has_windows:
-        whole = Segment(t, omega, name=label, source=csv, index=None, comment="")
+        whole = Segment(t, omega, name=label, source=csv, rest=rest_reading(t, omega, pauses=pauses))
         if windows == "file":
             return [whole], ""
         found = cut_flights(whole, accel=_accelerometer(files, time_unit), pauses=pauses)

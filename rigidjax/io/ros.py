@@ -34,6 +34,7 @@ import numpy as np
 
 from ._base import DataError, Segment, walk_folder
 from .detect import WINDOWS, cut_flights
+from .rest import rest_reading
 from .units import check_plausible
 
 __all__ = [
@@ -309,7 +310,7 @@ def _load_bag(p: Path, name: str, topic, check_units, windows) -> tuple[list[Seg
     use_accel = np.isfinite(accel).all() and np.all(rows[:, 11] != -1)
     if check_units:
         check_plausible(t, omega, where)
-    whole = Segment(t, omega, orientation, name=f"{name}:{topic}", source=f"{p}:{topic}")
+    whole = Segment(t, omega, orientation, name=f"{name}:{topic}", source=f"{p}:{topic}", rest=rest_reading(t, omega))
     found = [] if windows == "file" else cut_flights(whole, accel=(t, accel) if use_accel else None)
     if not found and windows == "detect":
         return [], f"{where}: no free-flight window detected (rigidjax.io.detect)"

@@ -37,6 +37,7 @@ from ._base import (
     _zip_dirs,
 )
 from .detect import WINDOWS, cut_flights
+from .rest import rest_reading
 from .phyphox import _cut_windows, _why_empty
 from .units import check_plausible, unit_factor
 
@@ -160,7 +161,7 @@ def load_sensor_logger(
             if check_units:
                 check_plausible(t, omega, csv)
             if not listed:
-                whole = Segment(t, omega, name=label, source=csv)
+                whole = Segment(t, omega, name=label, source=csv, rest=rest_reading(t, omega))
                 found = [] if windows == "file" else cut_flights(whole)
                 if not found and windows == "auto":
                     warnings.warn(

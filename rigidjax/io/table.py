@@ -19,6 +19,8 @@ The separator (``,``, ``;``, tab) and a decimal comma are detected.
 
 from __future__ import annotations
 
+import dataclasses
+
 import zipfile
 from pathlib import Path
 
@@ -35,6 +37,7 @@ from ._base import (
     _unit_quaternions,
     _where,
 )
+from .rest import rest_reading
 from .units import check_plausible, unit_factor
 
 __all__ = ["TARGETS", "parse_columns", "load_csv", "load_motion_csv", "load_npz", "csv_quantities"]
@@ -238,7 +241,8 @@ def load_csv(
         check_plausible(d["t"], d["omega"], d["label"])
     p = Path(path)
     extra = {k: d[k] for k in ("orientation", "position")}
-    return [Segment(d["t"], d["omega"], name=p.stem, source=str(p), **extra)]
+    rest = rest_reading(d["t"], d["omega"])
+    return [Segment(d["t"], d["omega"], name=p.stem, source=str(p), rest=rest, **extra)]
 
 
 def load_motion_csv(
@@ -338,4 +342,5 @@ def load_npz(path, *, check_units: bool = True) -> list[Segment]:
         raise DataError(f"{p}: {msg}") from None
     if check_units:
         check_plausible(seg.t, seg.omega, str(p))
+    seg = dataclasses.replace(seg, rest=rest_reading(seg.t, seg.omega))
     return [seg]

@@ -1,0 +1,164 @@
+"""A fitted gyroscope bias against the rate the gyroscope reads at rest, and the bias taken
+from it (``fit_inertia(..., bias="rest")``).
+
+A constant bias is a cheap nuisance parameter, and a flexible one: on the racquet's rounds 2
+and 3 (``../shared/data/racquet-flips``, 62 windows) the windows fitted alone with a bias give
+a median ``|bias|`` of 0.13 rad/s per axis (up to 0.74), and a joint fit (principal moments, one
+bias per recording) gives 0.42 rad/s about x for one recording, while the same phone lying
+still between the tosses reads below 3e-4 rad/s on every axis (:mod:`rigidjax.io.rest`). Such
+a bias absorbs model error (air drag, a flexible racquet, a slightly wrong model) and can pull
+the inertia with it: the first nine tosses of recording 09-35-02 give ``Ix/Iy`` 23.7 with a
+bias and 14.9 without. Neither the statistical error nor the cluster sandwich sees it (a pull
+shared by all windows is no scatter between them). The reading at rest is an independent
+measurement of the same bias, so:
+
+* :func:`judge_windows` (per-window fits with ``bias=True``): a pooled window whose own bias
+  lies more than :data:`Z_REST` combined errors (its statistical error and the reading's
+  ``sd``) from its recording's reading at rest on some axis makes the whole fit
+  :attr:`~rigidjax.identify.FitStatus.POOR_FIT`; it stays in the combined estimate (leaving
+  such windows out would change which recordings are pooled: on the 69 flips 85-94 % of the
+  racquet's windows are contradicted, and without them the pooling left out a racquet
+  recording and pooled round 1's phone, which has no reading at rest), and the message names
+  the count and the worst.
+* :func:`judge_recordings` (joint fits with ``bias=True``): each recording's bias against its
+  reading at rest (its total error, else its statistical one, with the reading's ``sd``); a
+  contradicted recording makes the whole fit ``POOR_FIT`` (it stays in the joint estimate,
+  which the message says is not to be trusted) and ``combined["bias"][recording]`` carries
+  ``rest`` (the reading: value, sd, duration, blocks), ``rest_z`` (per axis) and ``rest_agrees``.
+* :func:`subtract` (``bias="rest"``): the reading at rest is subtracted from every window's
+  rates and the model fitted without a bias; ``combined["bias"]`` reports the readings
+  (``measured="at rest"``). Their uncertainty (``sd``, 2e-4 to 3.5e-4 rad/s on the racquet
+  rounds) is not propagated: shifting every reading by its ``sd`` moves the joint ``Ix/Iy``
+  and ``Iz/Iy`` of rounds 2 and 3 by at most :data:`REST_SHIFT_SE` of their statistical errors.
+
+Recordings without a still stretch (``Segment.rest`` ``None``: round 1, held in the hand
+throughout) are not judged; ``bias="rest"`` refuses them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ._combine import Z_AGREE
+from ._derived import FitError
+from ._result import FitStatus
+from ._windows import _SEVERITY
+
+#: A fitted bias contradicts the reading at rest where an axis differs by more than this many
+#: combined errors (the level at which recordings disagree: :data:`~._combine.Z_AGREE`).
+Z_REST = Z_AGREE
+#: Measured (module docstring): the largest shift of a joint ratio, in statistical errors,
+#: when every reading at rest moves by its ``sd``.
+REST_SHIFT_SE = 0.05
+
+
+def rest_z(value, err, rest) -> np.ndarray:
+    """``(3,)`` ``|value - rest.value| / sqrt(err^2 + rest.sd^2)`` per axis (``err``: the
+    fitted bias's 1-sigma, rad/s)."""
+    value, err = np.asarray(value, float), np.asarray(err, float)
+    return np.abs(value - rest.value) / np.sqrt(err**2 + rest.sd**2)
+
+
+def _says(value, rest, z) -> str:
+    a = int(np.argmax(z))
+    return (
+        f"its fitted gyroscope bias {value[a]:+.3g} rad/s about {'xyz'[a]} lies {z[a]:.1f} errors from the "
+        f"{rest.value[a]:+.2g} ± {rest.sd[a]:.1g} rad/s the gyroscope reads at rest ({rest.duration:.3g} s still "
+        "in its recording): the bias absorbs model error; fit with bias='rest' (--bias rest) or without a bias"
+    )
+
+
+def judge_windows(result, segs) -> None:
+    """Per-window fits with a bias: each pooled window's own bias against its recording's
+    reading at rest (``result`` updated in place: the window's row gains ``rest_z`` and
+    ``rest_agrees``; contradicted windows make the status ``POOR_FIT`` at least and are named
+    in the message; they stay in the combined estimate, so that a bias model that the data
+    reject does not also change which recordings are pooled)."""
+    bad = []
+    for i in result.combined.get("windows", []):
+        r, s = result.segments[i], segs[i]
+        if s.rest is None or "bias" not in r:
+            continue
+        z = rest_z(r["bias"], r["bias_se"], s.rest)
+        r["rest_z"] = z.tolist()
+        r["rest_agrees"] = bool(np.max(z) <= Z_REST)
+        if not r["rest_agrees"]:
+            bad.append((float(np.max(z)), f"{r['name']}: " + _says(np.asarray(r["bias"]), s.rest, z)))
+    if bad:
+        worst = max(bad)[1]
+        n = len(result.combined["windows"])
+        _flag(
+            result,
+            f"{len(bad)} of {n} pooled window(s) fit a gyroscope bias that the gyroscope at rest "
+            f"contradicts (kept in the combined estimate, which they may pull: not to be trusted); the worst: {worst}",
+        )
+
+
+def judge_recordings(result, segs, labels) -> None:
+    """Joint fits with a bias: each recording's bias against its reading at rest
+    (``result`` updated in place: ``combined["bias"][recording]`` gains ``rest``, ``rest_z``
+    and ``rest_agrees``; a contradiction makes the status ``POOR_FIT`` at least and adds to
+    the message)."""
+    rests = {}
+    for s, lab in zip(segs, labels):
+        if s.rest is not None:
+            rests.setdefault(lab, s.rest)
+    bad = []
+    for rec, b in (result.combined.get("bias") or {}).items():
+        rest = rests.get(rec)
+        if rest is None:
+            continue
+        err = [t if t is not None else e for t, e in zip(b.get("total_se") or [None] * 3, b["se"])]
+        z = rest_z(b["value"], err, rest)
+        b["rest"] = rest.to_dict()
+        b["rest_z"] = z.tolist()
+        b["rest_agrees"] = bool(np.max(z) <= Z_REST)
+        if not b["rest_agrees"]:
+            bad.append(f"{rec}: " + _says(np.asarray(b["value"]), rest, z))
+    if bad:
+        _flag(
+            result,
+            f"the bias of {len(bad)} recording(s) contradicts the gyroscope at rest (kept in the joint "
+            "estimate, which it may pull: not to be trusted): " + "; ".join(bad),
+        )
+
+
+def _flag(result, said: str) -> None:
+    """Status ``POOR_FIT`` at least, and ``said`` in the message."""
+    converged = result.status == FitStatus.CONVERGED
+    if converged or _SEVERITY.index(FitStatus.POOR_FIT) < _SEVERITY.index(result.status):
+        result.status = FitStatus.POOR_FIT
+    result.message = said if converged else f"{result.message}; {said}"
+
+
+def subtract(segs, labels) -> tuple[list, dict]:
+    """``bias="rest"``: the windows with their recording's reading at rest subtracted, and
+    ``combined["bias"]`` (recording -> value, se = total_se = the reading's ``sd``,
+    ``measured="at rest"``, ``rest``).
+
+    Raises:
+        FitError: a window whose recording has no still stretch (``Segment.rest`` ``None``).
+    """
+    missing = sorted({lab for s, lab in zip(segs, labels) if s.rest is None})
+    if missing:
+        raise FitError(
+            f"bias='rest': {len(missing)} recording(s) never lie still (no block of 1 s within 3x the gyroscope "
+            "noise, rigidjax.io.rest), so there is no reading at rest to take the bias from: "
+            + "; ".join(missing)
+            + ". Fit a bias (bias=True, --bias) or none"
+        )
+    out = [dataclasses.replace(s, omega=s.omega - s.rest.value) for s in segs]
+    bias = {}
+    for s, lab in zip(segs, labels):
+        if lab not in bias:
+            sd = s.rest.sd.tolist()
+            bias[lab] = {
+                "value": s.rest.value.tolist(),
+                "se": sd,
+                "total_se": sd,
+                "measured": "at rest",
+                "rest": s.rest.to_dict(),
+            }
+    return out, bias

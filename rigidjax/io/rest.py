@@ -1,0 +1,141 @@
+"""What a gyroscope reads while its body lies still: its bias, measured, not fitted.
+
+A fitted gyroscope bias (``fit_inertia(..., bias=True)``) can absorb model error: on the
+racquet's round 3 (``../shared/data/racquet-flips``), the first nine tosses of one recording
+fit a bias of 0.17 and -0.22 rad/s about x and y, and the ratio ``Ix/Iy`` moves from 14.9
+(no bias) to 23.7, while the same phone lying on the table between tosses reads below
+0.0003 rad/s on every axis. The stretches of a recording where the body lies still measure the
+bias directly (plus the Earth's rotation, 7.3e-5 rad/s at most); :func:`rest_reading` finds
+them and the loaders attach the result to every window they cut from the recording
+(:attr:`rigidjax.io.Segment.rest`), so that a fit can check its bias against it or use it.
+
+The rule: the recording (its finite samples) is cut into consecutive blocks of ``block`` s; a
+block is *still* when no sample interval inside it is longer than ``gap`` median steps, it
+spans no pause, and on every axis the standard deviation of its readings is at most
+``noise_factor`` times the gyroscope's white noise ``sigma`` (estimated from the recording's
+second differences: :func:`noise_sigma`) and its mean at most
+``max_bias`` (a body turning steadily is not at rest; 0.1 rad/s = 5.7 deg/s is beyond the
+zero-rate offset of consumer MEMS gyroscopes, about 1-3 deg/s). The reading is the median of the
+still blocks' means; its ``sd`` the scatter of those means (robust: 1.4826 x their median
+absolute deviation, from three blocks up), at least the noise of one block's mean (the still
+blocks' own standard deviation over ``sqrt(samples per block)``): how far the bias may lie from
+the reading at any moment of the recording (drift included), not the error of their mean,
+which is smaller.
+
+On the shared recordings (0.5 s blocks, defaults): the racquet rounds 2 and 3 lie still in 8-86
+blocks (4-43 s) per recording and read at most 1.9e-4 rad/s on any axis (``sd`` 2.4e-4 to
+5.9e-4 rad/s; the phone reports a calibrated rate); round 1, hand-held throughout, has no still
+block: its calmest blocks vary by 9.4 ``sigma`` and more, where a still block may vary by 3.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+__all__ = ["Rest", "rest_reading", "noise_sigma"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Rest:
+    """A gyroscope's reading while its body lies still (:func:`rest_reading`).
+
+    Attributes:
+        value: ``(3,)`` rad/s, sensor (body) frame: the bias (Earth's rotation included).
+        sd: ``(3,)`` rad/s: how far the bias may lie from ``value`` at any moment of the
+            recording (the scatter of the still blocks' means, at least one block mean's noise:
+            noise and drift).
+        duration: total still time, s.
+        spans: ``((start, end), ...)`` of the still blocks, s (the recording's time).
+    """
+
+    value: np.ndarray
+    sd: np.ndarray
+    duration: float
+    spans: tuple
+
+    def __repr__(self) -> str:
+        v = ", ".join(f"{x:.2g}" for x in self.value)
+        s = ", ".join(f"{x:.2g}" for x in self.sd)
+        return f"Rest(value=[{v}] rad/s, sd=[{s}] rad/s, {self.duration:.3g} s still in {len(self.spans)} block(s))"
+
+    def to_dict(self) -> dict:
+        """JSON-ready: value, sd (rad/s), duration (s), blocks (count)."""
+        return {
+            "value": self.value.tolist(),
+            "sd": self.sd.tolist(),
+            "duration": float(self.duration),
+            "blocks": len(self.spans),
+        }
+
+
+def noise_sigma(omega: np.ndarray) -> float:
+    """Gyroscope noise, rad/s: robust std of second differences (white noise: var 6 sigma^2),
+    taken over the calmest half of the recording (held still or lying down)."""
+    d2 = np.linalg.norm(omega[2:] - 2 * omega[1:-1] + omega[:-2], axis=1)
+    if d2.size == 0:
+        return 0.0
+    calm = np.sort(d2)[: max(1, d2.size // 2)]
+    # |3-vector of N(0, 6 s^2)| has median ~ 1.54 sqrt(6) s
+    return float(np.median(calm) / (1.54 * np.sqrt(6)))
+
+
+def rest_reading(
+    t,
+    omega,
+    *,
+    pauses=(),
+    block: float = 0.5,
+    noise_factor: float = 3.0,
+    max_bias: float = 0.1,
+    gap: float = 3.0,
+) -> Rest | None:
+    """The gyroscope's reading over the still stretches of one recording (module docstring).
+
+    Args:
+        t: ``(n,)`` increasing sample times, s.
+        omega: ``(n, 3)`` body angular velocity, rad/s (non-finite samples are skipped).
+        pauses: times, s, where the recording was paused (no block spans one).
+        block: block length, s.
+        noise_factor: a still block's per-axis standard deviation is at most this times the
+            gyroscope's white noise.
+        max_bias: a still block's per-axis mean is at most this, rad/s.
+        gap: a sample interval longer than this many median steps breaks a block.
+
+    Returns:
+        :class:`Rest`, or ``None`` where no block is still (a body never at rest, a recording
+        shorter than a block).
+    """
+    t = np.asarray(t, float)
+    omega = np.asarray(omega, float)
+    ok = np.all(np.isfinite(omega), axis=1) & np.isfinite(t)
+    t, omega = t[ok], omega[ok]
+    if t.size < 3:
+        return None
+    dt = np.diff(t)
+    step = float(np.median(dt))
+    per = int(round(block / step)) if step > 0 else 0
+    if per < 3 or t.size < per:
+        return None
+    sigma = noise_sigma(omega)
+    pauses = np.asarray(pauses, float)
+    means, spreads, spans = [], [], []
+    for a in range(0, t.size - per + 1, per):
+        w = omega[a : a + per]
+        t0, t1 = t[a], t[a + per - 1]
+        if np.any(dt[a : a + per - 1] > gap * step) or np.any((pauses > t0) & (pauses < t1)):
+            continue
+        if np.all(w.std(0) <= noise_factor * sigma) and np.all(np.abs(w.mean(0)) <= max_bias):
+            means.append(w.mean(0))
+            spreads.append(w.var(0, ddof=1))
+            spans.append((float(t0), float(t1)))
+    if not means:
+        return None
+    means = np.array(means)
+    value = np.median(means, axis=0)
+    floor = np.sqrt(np.mean(spreads, axis=0) / per)  # the noise of one block's mean
+    sd = np.maximum(1.4826 * np.median(np.abs(means - value), axis=0), floor) if len(means) >= 3 else floor
+    value.setflags(write=False)
+    sd.setflags(write=False)
+    return Rest(value, sd, float(len(spans) * per * step), tuple(spans))
