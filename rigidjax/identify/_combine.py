@@ -232,11 +232,16 @@ def agreement_groups(values: dict, spread: dict, weight: dict, rel: float = REL_
 def tie_note(source, ties: list) -> str:
     """For a left-out ``source`` in one of :func:`agreement_groups`' ``ties``: a note that its
     group is as large as the pooled one, so the listing order chose the body; else ``""``."""
-    if not any(source in t for t in ties):
+    group = next((t for t in ties if source in t), None)
+    if group is None:
         return ""
+    who = (
+        "this recording alone has"
+        if len(group) == 1
+        else "a group of recordings that agree among themselves, this one among them, has"
+    )
     return (
-        " (a group of recordings that agree among themselves, this one among them, has as many windows as the "
-        "pooled group: which group is the body the data cannot tell; the listing order chose)"
+        f" ({who} as many windows as the pooled group: which is the body the data cannot tell; the listing order chose)"
     )
 
 
@@ -304,7 +309,7 @@ def consistency(values: dict, keys, errors: dict | None = None) -> tuple[list, d
         if not big:
             excluded[s] += (
                 " (no recording has 3 windows, so the scatter between windows is not measured: the spread is the "
-                f"{SPREAD_FLOOR:.0%} floor or the windows' own errors; pool='all' pools anyway)"
+                f"{SPREAD_FLOOR:.0%} floor or the windows' own errors; pool='all' (--pool-all) pools anyway)"
             )
     return main, excluded, summaries
 

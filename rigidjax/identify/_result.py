@@ -433,7 +433,7 @@ class InertiaFit:
         rms = f"{self.rms:.4g} rad/s" if np.isfinite(self.rms) else "—"
         lines.append(f"residual RMS {rms} over the pooled windows; status: {self.status}")
         lines.append(f"  {self.message}")
-        if self.step_error:
+        if self.step_error and (self.step_error["shift_se"] or self.step_error["rms"] > 0):  # a window was fitted
             se_ = self.step_error
             worst = max(se_["shift_se"], key=lambda k: abs(se_["shift_se"][k]), default=None)
             ks = sorted(set(se_["substeps"]))
