@@ -358,7 +358,7 @@ def report_html(
                 elif z[i] is None:
                     judged = "—"
                 else:
-                    judged = f"{z[i]:.1f}" + (" (contradicts)" if z[i] > 3 and not b.get("rest_agrees", True) else "")
+                    judged = f"{z[i]:.1f}" + (" (contradicts)" if z[i] > b.get("rest_limit", np.inf) else "")
                 b_rows.append(
                     [
                         f"<span class='l'>{html.escape(str(src))}</span>",

@@ -178,3 +178,14 @@ def test_bias_from_rest_needs_a_reading():
         fit_inertia(_tosses(), bias="rest")
     with pytest.raises(FitError, match="bias must be"):
         fit_inertia(_tosses(), bias="at rest")
+
+
+def test_limit_over_many_comparisons():
+    """Bonferroni at the level of one two-sided 3-sigma test: 3.0 for one axis, ~3.3 for the
+    three axes of one window, rising slowly with the number of windows."""
+    from rigidjax.identify._rest import z_limit
+
+    assert z_limit(1) == pytest.approx(3.0, abs=1e-9)
+    limits = [z_limit(m) for m in (1, 3, 9, 30, 180, 3000)]
+    assert limits == sorted(limits) and limits[1] == pytest.approx(3.32, abs=0.01)
+    assert limits[4] == pytest.approx(4.33, abs=0.01) and z_limit(0) == z_limit(1)

@@ -50,9 +50,10 @@ What :func:`fit_inertia` does, window by window:
    undetermined (``_verdict.flat``).
 5. **Checks a fitted gyroscope bias against the gyroscope at rest** (``bias=True``): where the
    window's recording lies still somewhere (:attr:`rigidjax.io.Segment.rest`), a bias more than
-   3 errors from the reading there absorbs model error: the fit is :attr:`~FitStatus.POOR_FIT`
-   (after pooling, which it does not change; :mod:`rigidjax.identify._rest`). ``bias="rest"``
-   subtracts the reading instead of fitting a bias.
+   3.3 errors from the reading there (more over many windows: Bonferroni) absorbs model
+   error: the fit is :attr:`~FitStatus.POOR_FIT` (after pooling, which it does not change;
+   :mod:`rigidjax.identify._rest`). ``bias="rest"`` subtracts the reading instead of fitting
+   a bias.
 6. **Pools only what belongs together**: recordings (``Segment.source``) whose estimates
    disagree beyond their spread are named and left out (:mod:`rigidjax.identify._combine`;
    ``pool="all"`` forces pooling); the combined estimate carries a statistical error and a

@@ -166,7 +166,7 @@ class InertiaFit:
             the two disagree. ``combined["method"]`` says which, with the coverage.
         segments: one dict per window: name, comment, source, recording, n, substeps, rms
             (rad/s), rms_reference (the same parameters under a tight ODE solver), status,
-            reason, iterations, omega0, (bias, bias_se; rest_z and rest_agrees for a pooled
+            reason, iterations, omega0, (bias, bias_se; rest_z, rest_agrees, rest_limit for a pooled
             window of a per-window fit with a bias and a reading at rest), estimates and se (its own fit), noise
             and signal (rad/s), step_shift_se; in joint mode, rms, status, substeps, omega0 and
             bias are the joint fit's (with ``bias_total_se``, see ``combined``) and ``own``
@@ -178,7 +178,8 @@ class InertiaFit:
             windows, at least ``se``, ``None`` for a recording of one pooled window: not
             measured; rad/s; the table prints them; where the recording lies still somewhere,
             ``rest`` (the gyroscope's reading at rest: value, sd, duration, blocks), ``rest_z``
-            (per axis, fitted minus at rest over their errors) and ``rest_agrees``; with
+            (per axis, fitted minus at rest over their errors), ``rest_agrees`` and
+            ``rest_limit`` (the limit on ``rest_z``: 3.3 for one recording, more for several); with
             ``bias="rest"`` in either mode, the readings at rest with ``measured="at rest"``)
             and ``by_recording`` (with a bias; recording -> its windows fitted jointly: ``n``,
             ``status``, ``Ix/Iy`` and ``Iz/Iy`` with ``value`` and ``total_se``; the pooling
