@@ -174,7 +174,7 @@ def test_bias_from_rest_is_subtracted_not_fitted():
 
 
 def test_bias_from_rest_needs_a_reading():
-    with pytest.raises(FitError, match="never lie still"):
+    with pytest.raises(FitError, match="have no reading at rest"):
         fit_inertia(_tosses(), bias="rest")
     with pytest.raises(FitError, match="bias must be"):
         fit_inertia(_tosses(), bias="at rest")
@@ -189,3 +189,45 @@ def test_limit_over_many_comparisons():
     limits = [z_limit(m) for m in (1, 3, 9, 30, 180, 3000)]
     assert limits == sorted(limits) and limits[1] == pytest.approx(3.32, abs=0.01)
     assert limits[4] == pytest.approx(4.33, abs=0.01) and z_limit(0) == z_limit(1)
+
+
+def test_noiseless_and_quantised_gyroscopes_rest_too():
+    """QA: with no noise (or noise below one quantisation step) most second differences are 0,
+    the noise estimate 0, and a still block at a non-zero bias (float std ~1e-18) was not still.
+    The noise is floored at the rounding (step / sqrt(12)) and 1e-9 rad/s."""
+    t = 0.01 * np.arange(3000)
+    r = rest_reading(t, np.full((3000, 3), 0.004))
+    assert r is not None and np.allclose(r.value, 0.004) and len(r.spans) == 60
+    rng = np.random.default_rng(1)
+    lsb = 0.01  # a coarse gyroscope: noise 0.001 rad/s, well below one step
+    q = np.round((np.array([0.02, -0.01, 0.0]) + 0.001 * rng.standard_normal((3000, 3))) / lsb) * lsb
+    r = rest_reading(t, q)
+    assert r is not None and np.allclose(r.value, [0.02, -0.01, 0.0], atol=lsb / 2)
+
+
+def test_rest_reading_refuses_bad_input():
+    t = 0.01 * np.arange(100)
+    with pytest.raises(ValueError, match=r"omega \(n, 3\)"):
+        rest_reading(t, np.zeros(100))
+    with pytest.raises(ValueError, match="times must increase"):
+        rest_reading(t[::-1], np.zeros((100, 3)))
+    with pytest.raises(ValueError, match="block must be a positive number"):
+        rest_reading(t, np.zeros((100, 3)), block=0)
+
+
+def test_rest_z_without_errors():
+    """A reading and a bias both without error: equal is 0, different is infinitely far; a NaN
+    error (singular normal equations) leaves the bias unjudged."""
+    from rigidjax.identify._rest import _judged, rest_z
+
+    exact = Rest(np.zeros(3), np.zeros(3), 1.0, ((0.0, 1.0),))
+    z = rest_z([1e-12, 0.0, 0.0], [0.0, 0.0, 0.0], exact)
+    assert z[0] == np.inf and z[1] == 0.0 and _judged(z)
+    assert not _judged(rest_z([0.1, 0.0, 0.0], [np.nan, 0.1, 0.1], exact))
+
+
+def test_bias_accepts_bool_like_values():
+    """bias=None/0/1 worked before bias='rest' existed (bool(bias)); 'fit' is the CLI's name for True."""
+    segs = _tosses(n=2)
+    assert fit_inertia(segs, bias=None).options["bias"] is False
+    assert fit_inertia(segs, bias="fit").options["bias"] is True

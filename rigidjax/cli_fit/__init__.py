@@ -331,6 +331,8 @@ def run(args) -> int:
 
     if args.bias not in (None, "fit", "rest"):  # `--bias FILE`: the optional value took the path
         if not Path(args.bias).exists():
+            if any(c in args.bias for c in "/\\.") or len(args.path) == 0:  # meant as a path
+                return error("fit", f"{args.bias}: no such file or folder (or --bias takes 'fit', 'rest' or nothing)")
             return error("fit", f"--bias takes 'fit', 'rest' or nothing; got {args.bias!r}")
         args.path, args.bias = [args.bias, *args.path], "fit"
     for name, lo in (("starts", 1), ("max_steps", 1), ("tosses", 1), ("max_samples", 10)):

@@ -147,7 +147,7 @@ def fit_inertia(
         tensor: fit the full inertia tensor (principal axes rotated from the sensor axes)
             instead of principal moments along the sensor axes.
         drag: ``None``, ``"isotropic"`` (``D = c I_3``) or ``"diagonal"`` (sensor axes).
-        bias: ``False`` (default), ``True``: fit a constant gyroscope bias (rad/s): per
+        bias: ``False`` (default), ``True`` (or ``"fit"``): fit a constant gyroscope bias (rad/s): per
             window, and per recording (``Segment.source``) in a joint fit; where a recording
             lies still somewhere (``Segment.rest``) the fitted bias is judged against the
             gyroscope's reading at rest (:mod:`rigidjax.identify._rest`: a contradicted bias
@@ -232,11 +232,15 @@ def fit_inertia(
             "If the rates are in deg/s, convert them to rad/s "
             "(x pi/180); if the body really spins this fast, raise the bound (max_rate / --max-rate)"
         )
-    if not (isinstance(bias, (bool, np.bool_)) or bias == "rest"):
-        raise FitError(f"bias must be True, False or 'rest'; got {bias!r}")
+    if isinstance(bias, str):
+        if bias not in ("fit", "rest"):
+            raise FitError(f"bias must be True/'fit', False or 'rest'; got {bias!r}")
+        bias = True if bias == "fit" else bias
+    else:
+        bias = bool(bias)
     labels = _recording_labels(segs)
     fit_segs, at_rest = _rest.subtract(segs, labels) if bias == "rest" else (segs, None)
-    spec = Spec(bool(tensor), drag, bias is True or bias is np.True_)
+    spec = Spec(bool(tensor), drag, bias is True)
     dtype = jnp.result_type(float)
     if jnp.dtype(dtype) != jnp.float64:
         warn_at_caller(

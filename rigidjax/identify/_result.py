@@ -179,8 +179,10 @@ class InertiaFit:
             measured; rad/s; the table prints them; where the recording lies still somewhere,
             ``rest`` (the gyroscope's reading at rest: value, sd, duration, blocks), ``rest_z``
             (per axis, fitted minus at rest over their errors), ``rest_agrees`` and
-            ``rest_limit`` (the limit on ``rest_z``: 3.3 for one recording, more for several); with
-            ``bias="rest"`` in either mode, the readings at rest with ``measured="at rest"``)
+            ``rest_limit`` (the limit on ``rest_z``: 3.3 for one recording, more for several));
+            with ``bias="rest"``, in either mode, ``bias`` holds the readings at rest
+            (``measured="at rest"``); per-window fits with a fitted bias have ``rest``
+            (recording -> its reading at rest; the rows hold ``rest_z``)
             and ``by_recording`` (with a bias; recording -> its windows fitted jointly: ``n``,
             ``status``, ``Ix/Iy`` and ``Iz/Iy`` with ``value`` and ``total_se``; the pooling
             check).
@@ -431,6 +433,15 @@ class InertiaFit:
                 lines.append(f"  (statistical: noise only, Gauss-Newton; interval: {c['method']})")
             for src, b in (c.get("bias") or {}).items():  # one gyroscope bias per recording
                 lines += _bias_lines(src if len(c["bias"]) > 1 else "", b)
+            for src, r in (c.get("rest") or {}).items():  # per-window fits with a bias: the readings
+                at = ", ".join(f"{a} {pm(v, e)}" for a, v, e in zip("xyz", r["value"], r["sd"]))
+                lines.append(f"  gyroscope at rest (rad/s) of {src} ({r['duration']:.3g} s still): {at}")
+            off = [str(i) for i, s in enumerate(self.segments) if s.get("rest_agrees") is False]
+            if off:
+                lines.append(
+                    f"  windows whose own bias the gyroscope at rest contradicts (beyond "
+                    f"{self.segments[int(off[0])]['rest_limit']:.2g} errors): #" + ", #".join(off)
+                )
         rms = f"{self.rms:.4g} rad/s" if np.isfinite(self.rms) else "—"
         lines.append(f"residual RMS {rms} over the pooled windows; status: {self.status}")
         lines.append(f"  {self.message}")

@@ -13,7 +13,8 @@ The rule: the recording (its finite samples) is cut into consecutive blocks of `
 block is *still* when no sample interval inside it is longer than ``gap`` median steps, it
 spans no pause, and on every axis the standard deviation of its readings is at most
 ``noise_factor`` times the gyroscope's white noise ``sigma`` (estimated from the recording's
-second differences: :func:`noise_sigma`) and its mean at most
+second differences: :func:`noise_sigma`; at least a quantised gyroscope's rounding, its
+smallest step over sqrt(12), and 1e-9 rad/s, so that noiseless data can be still) and its mean at most
 ``max_bias`` (a body turning steadily is not at rest; 0.1 rad/s = 5.7 deg/s is beyond the
 zero-rate offset of consumer MEMS gyroscopes, about 1-3 deg/s). The reading is the median of the
 still blocks' means; its ``sd`` the scatter of those means (robust: 1.4826 x their median
@@ -105,20 +106,35 @@ def rest_reading(
 
     Returns:
         :class:`Rest`, or ``None`` where no block is still (a body never at rest, a recording
-        shorter than a block).
+        shorter than a block, timestamps so irregular that every block holds a gap).
+
+    Raises:
+        ValueError: ``t`` not ``(n,)``, ``omega`` not ``(n, 3)``, times not increasing, or a
+            rule parameter that is not a positive number.
     """
     t = np.asarray(t, float)
     omega = np.asarray(omega, float)
+    if t.ndim != 1 or omega.shape != (t.shape[0], 3):
+        raise ValueError(f"rest_reading: t must be (n,) and omega (n, 3); got {t.shape} and {omega.shape}")
+    for name, v in (("block", block), ("noise_factor", noise_factor), ("max_bias", max_bias), ("gap", gap)):
+        if not (np.isfinite(v) and v > 0):
+            raise ValueError(f"rest_reading: {name} must be a positive number; got {v!r}")
     ok = np.all(np.isfinite(omega), axis=1) & np.isfinite(t)
     t, omega = t[ok], omega[ok]
     if t.size < 3:
         return None
     dt = np.diff(t)
+    if np.any(dt <= 0):
+        raise ValueError(f"rest_reading: times must increase; t[{int(np.argmax(dt <= 0)) + 1}] does not")
     step = float(np.median(dt))
-    per = int(round(block / step)) if step > 0 else 0
+    per = int(round(block / step))
     if per < 3 or t.size < per:
         return None
-    sigma = noise_sigma(omega)
+    # the noise, at least a quantised gyroscope's rounding (step / sqrt(12)) and 1e-9 rad/s: a
+    # still block of a noiseless or coarsely quantised gyroscope varies by no more than that
+    steps = np.abs(np.diff(omega, axis=0))
+    lsb = float(np.min(steps[steps > 0])) if np.any(steps > 0) else 0.0
+    sigma = max(noise_sigma(omega), lsb / np.sqrt(12.0), 1e-9)
     pauses = np.asarray(pauses, float)
     means, spreads, spans = [], [], []
     for a in range(0, t.size - per + 1, per):
