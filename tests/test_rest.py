@@ -146,7 +146,7 @@ def test_a_bias_the_reading_at_rest_contradicts_is_a_poor_fit(joint):
         html = report_html(bad, max_windows=1)
         assert "read at rest ± scatter" in html and "(contradicts)" in html
     else:  # every window: its own bias (0.05 known to ~0.0004) far from the reading, yet pooled
-        assert "4 of 4 pooled window(s) fit a gyroscope bias" in bad.message
+        assert "4 of the 4 judged pooled window(s) fit a gyroscope bias" in bad.message
         assert bad.combined["n"] == 4 and bad.estimates == good.estimates
         for r in bad.segments:
             assert r["status"] == FitStatus.CONVERGED and not r["rest_agrees"] and max(r["rest_z"]) > 10
@@ -199,10 +199,18 @@ def test_noiseless_and_quantised_gyroscopes_rest_too():
     r = rest_reading(t, np.full((3000, 3), 0.004))
     assert r is not None and np.allclose(r.value, 0.004) and len(r.spans) == 60
     rng = np.random.default_rng(1)
-    lsb = 0.01  # a coarse gyroscope: noise 0.001 rad/s, well below one step
-    q = np.round((np.array([0.02, -0.01, 0.0]) + 0.001 * rng.standard_normal((3000, 3))) / lsb) * lsb
+    lsb = 0.01  # a coarse gyroscope: noise 0.001 rad/s, well below one step; then a slow turn,
+    # whose readings step by one lsb (the rounding is known from the recording's smallest step)
+    still = np.array([0.02, -0.01, 0.0]) + 0.001 * rng.standard_normal((3000, 3))
+    turn = np.linspace(0.0, 2.0, 1000)[:, None] * np.ones(3)
+    q = np.round(np.concatenate([still, turn]) / lsb) * lsb
+    t = 0.01 * np.arange(4000)
     r = rest_reading(t, q)
     assert r is not None and np.allclose(r.value, [0.02, -0.01, 0.0], atol=lsb / 2)
+    # the rounding, which averaging does not remove, is in the reading's sd (QA: sd was 0)
+    np.testing.assert_array_less(lsb / np.sqrt(12) * 0.999, r.sd)
+    exact = rest_reading(t[:3000], np.full((3000, 3), 0.004))
+    assert np.all(exact.sd >= 1e-9)
 
 
 def test_rest_reading_refuses_bad_input():
@@ -211,8 +219,9 @@ def test_rest_reading_refuses_bad_input():
         rest_reading(t, np.zeros(100))
     with pytest.raises(ValueError, match="times must increase"):
         rest_reading(t[::-1], np.zeros((100, 3)))
-    with pytest.raises(ValueError, match="block must be a positive number"):
-        rest_reading(t, np.zeros((100, 3)), block=0)
+    for block in (0, "0.5", None, True):
+        with pytest.raises(ValueError, match="block must be a positive number"):
+            rest_reading(t, np.zeros((100, 3)), block=block)
 
 
 def test_rest_z_without_errors():
@@ -231,3 +240,6 @@ def test_bias_accepts_bool_like_values():
     segs = _tosses(n=2)
     assert fit_inertia(segs, bias=None).options["bias"] is False
     assert fit_inertia(segs, bias="fit").options["bias"] is True
+    for bad in ([0.004, -0.003, 0.002], 0.5, np.zeros(3), "yes"):  # a known bias vector is not a flag
+        with pytest.raises(FitError, match="bias must be"):
+            fit_inertia(segs, bias=bad)

@@ -232,12 +232,15 @@ def fit_inertia(
             "If the rates are in deg/s, convert them to rad/s "
             "(x pi/180); if the body really spins this fast, raise the bound (max_rate / --max-rate)"
         )
-    if isinstance(bias, str):
-        if bias not in ("fit", "rest"):
-            raise FitError(f"bias must be True/'fit', False or 'rest'; got {bias!r}")
+    if isinstance(bias, str) and bias in ("fit", "rest"):
         bias = True if bias == "fit" else bias
-    else:
+    elif bias is None or isinstance(bias, (bool, np.bool_)) or (isinstance(bias, (int, np.integer)) and bias in (0, 1)):
         bias = bool(bias)
+    else:
+        raise FitError(
+            f"bias must be True/'fit', False/None or 'rest'; got {bias!r} (a known bias: subtract it from the "
+            "segments' rates, or give it as the recording's reading at rest, Segment.rest)"
+        )
     labels = _recording_labels(segs)
     fit_segs, at_rest = _rest.subtract(segs, labels) if bias == "rest" else (segs, None)
     spec = Spec(bool(tensor), drag, bias is True)

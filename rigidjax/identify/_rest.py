@@ -122,12 +122,11 @@ def judge_windows(result, segs) -> None:
             bad.append((float(np.max(z)), f"{r['name']}: " + _says(np.asarray(r["bias"]), segs[i].rest, z)))
     if bad:
         worst = max(bad)[1]
-        n = len(result.combined["windows"])
         _flag(
             result,
-            f"{len(bad)} of {n} pooled window(s) fit a gyroscope bias that the gyroscope at rest contradicts "
-            f"(beyond {limit:.2g} errors; kept in the combined estimate, which they may pull: not to be trusted); "
-            f"the worst: {worst}",
+            f"{len(bad)} of the {len(judged)} judged pooled window(s) fit a gyroscope bias that the gyroscope at "
+            f"rest contradicts (beyond {limit:.2g} errors; kept in the combined estimate, which they may pull: "
+            f"not to be trusted); the worst: {worst}",
         )
 
 

@@ -440,7 +440,7 @@ class InertiaFit:
             if off:
                 lines.append(
                     f"  windows whose own bias the gyroscope at rest contradicts (beyond "
-                    f"{self.segments[int(off[0])]['rest_limit']:.2g} errors): #" + ", #".join(off)
+                    f"{self.segments[int(off[0])]['rest_limit']:.2g} errors): table rows " + ", ".join(off)
                 )
         rms = f"{self.rms:.4g} rad/s" if np.isfinite(self.rms) else "—"
         lines.append(f"residual RMS {rms} over the pooled windows; status: {self.status}")

@@ -19,7 +19,9 @@ smallest step over sqrt(12), and 1e-9 rad/s, so that noiseless data can be still
 zero-rate offset of consumer MEMS gyroscopes, about 1-3 deg/s). The reading is the median of the
 still blocks' means; its ``sd`` the scatter of those means (robust: 1.4826 x their median
 absolute deviation, from three blocks up), at least the noise of one block's mean (the still
-blocks' own standard deviation over ``sqrt(samples per block)``): how far the bias may lie from
+blocks' own standard deviation over ``sqrt(samples per block)``) and a quantised gyroscope's
+rounding (step / sqrt(12): a gyroscope whose noise is below one step reads a constant that
+averaging does not correct): how far the bias may lie from
 the reading at any moment of the recording (drift included), not the error of their mean,
 which is smaller.
 
@@ -106,7 +108,8 @@ def rest_reading(
 
     Returns:
         :class:`Rest`, or ``None`` where no block is still (a body never at rest, a recording
-        shorter than a block, timestamps so irregular that every block holds a gap).
+        shorter than a block, a block of fewer than 3 samples (times in ms read as s),
+        timestamps so irregular that every block holds a gap).
 
     Raises:
         ValueError: ``t`` not ``(n,)``, ``omega`` not ``(n, 3)``, times not increasing, or a
@@ -117,7 +120,11 @@ def rest_reading(
     if t.ndim != 1 or omega.shape != (t.shape[0], 3):
         raise ValueError(f"rest_reading: t must be (n,) and omega (n, 3); got {t.shape} and {omega.shape}")
     for name, v in (("block", block), ("noise_factor", noise_factor), ("max_bias", max_bias), ("gap", gap)):
-        if not (np.isfinite(v) and v > 0):
+        if (
+            isinstance(v, (bool, np.bool_))
+            or not isinstance(v, (int, float, np.integer, np.floating))
+            or not (np.isfinite(v) and v > 0)
+        ):
             raise ValueError(f"rest_reading: {name} must be a positive number; got {v!r}")
     ok = np.all(np.isfinite(omega), axis=1) & np.isfinite(t)
     t, omega = t[ok], omega[ok]
@@ -136,6 +143,7 @@ def rest_reading(
     lsb = float(np.min(steps[steps > 0])) if np.any(steps > 0) else 0.0
     sigma = max(noise_sigma(omega), lsb / np.sqrt(12.0), 1e-9)
     pauses = np.asarray(pauses, float)
+    pauses = pauses[np.isfinite(pauses)]
     means, spreads, spans = [], [], []
     for a in range(0, t.size - per + 1, per):
         w = omega[a : a + per]
@@ -150,7 +158,9 @@ def rest_reading(
         return None
     means = np.array(means)
     value = np.median(means, axis=0)
-    floor = np.sqrt(np.mean(spreads, axis=0) / per)  # the noise of one block's mean
+    # at least the noise of one block's mean, and the rounding of a quantised gyroscope (which
+    # averaging does not remove where the noise is below one step) and 1e-9 rad/s
+    floor = np.maximum(np.sqrt(np.mean(spreads, axis=0) / per), max(lsb / np.sqrt(12.0), 1e-9))
     sd = np.maximum(1.4826 * np.median(np.abs(means - value), axis=0), floor) if len(means) >= 3 else floor
     value.setflags(write=False)
     sd.setflags(write=False)
