@@ -164,7 +164,7 @@ def judge_recordings(result, segs, labels) -> None:
 
 def _readings(result, segs) -> None:
     """``combined["rest"]``: recording -> its reading at rest (``Rest.to_dict``), for the
-    per-window table and report."""
+    per-window table and the JSON."""
     out = {}
     for r, s in zip(result.segments, segs):
         if s.rest is not None:
