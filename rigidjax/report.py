@@ -369,6 +369,15 @@ def report_html(
                         judged,
                     ]
                 )
+        for src, r in (result.combined.get("rest") or {}).items():  # per-window fits with a bias
+            mine = [s for s in result.segments if s.get("recording") == src and "rest_agrees" in s]
+            off = sum(not s["rest_agrees"] for s in mine)
+            said = f"{off} of {len(mine)} window(s) beyond {mine[0]['rest_limit']:.2g}" if mine else "—"
+            for i, a in enumerate("xyz"):
+                b_rows.append(
+                    [f"<span class='l'>{html.escape(str(src))}</span>", a, "per window", "—"]
+                    + [_num(r["value"][i], r["sd"][i]), said]
+                )
         if b_rows:
             head = [
                 "recording",

@@ -151,6 +151,8 @@ def test_a_bias_the_reading_at_rest_contradicts_is_a_poor_fit(joint):
         for r in bad.segments:
             assert r["status"] == FitStatus.CONVERGED and not r["rest_agrees"] and max(r["rest_z"]) > 10
         assert all(r["rest_agrees"] for r in good.segments)
+        assert "4 of 4 window(s) beyond 3.7" in report_html(bad, max_windows=1)
+        assert "at rest 10 s" in repr(_at_rest(segs, bias)[0])
 
 
 def test_bias_from_rest_is_subtracted_not_fitted():

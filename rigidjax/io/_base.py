@@ -132,6 +132,8 @@ class Segment:
 
     def __repr__(self) -> str:
         extra = "".join(f", {f}" for f in ("orientation", "position") if getattr(self, f) is not None)
+        if self.rest is not None:
+            extra += f", at rest {self.rest.duration:.3g} s"
         return (
             f"Segment({self.name!r}, n={self.n}, t=[{self.t[0]:.3f}, {self.t[-1]:.3f}] s{extra}"
             f"{', comment=' + repr(self.comment) if self.comment else ''}{'' if self.keep else ', keep=False'})"
