@@ -85,14 +85,21 @@ def pm(v, e) -> str:
     return f"{v:.5g} ± {e:.2g}"
 
 
+def _xyz(values, errors) -> str:
+    """``x v ± e, y v ± e, z v ± e`` for the table."""
+    return ", ".join(f"{a} {pm(v, e)}" for a, v, e in zip("xyz", values, errors))
+
+
 def _bias_lines(src: str, b: dict) -> list[str]:
     """A recording's gyroscope bias in :meth:`InertiaFit.table`: fitted (± statistical, total)
     or measured at rest, and the reading at rest beside a fitted one."""
     of = f" of {src}" if src else ""
     if b.get("measured") == "at rest":
         r = b["rest"]
-        vals = ", ".join(f"{a} {pm(v, e)}" for a, v, e in zip("xyz", b["value"], b["se"]))
-        return [f"  gyroscope bias{of} (rad/s), read at rest over {r['duration']:.3g} s, subtracted: {vals}"]
+        return [
+            f"  gyroscope bias{of} (rad/s), read at rest over {r['duration']:.3g} s, subtracted: "
+            + _xyz(b["value"], b["se"])
+        ]
     tot = b.get("total_se") or [None] * 3
     parts = [
         f"{a} {pm(v, e)}" + (f" (total {t:.2g})" if t is not None else "")
@@ -101,9 +108,9 @@ def _bias_lines(src: str, b: dict) -> list[str]:
     out = [f"  gyroscope bias{of} (rad/s): " + ", ".join(parts)]
     if "rest" in b:
         r, z = b["rest"], b["rest_z"]
-        at = ", ".join(f"{a} {pm(v, e)}" for a, v, e in zip("xyz", r["value"], r["sd"]))
         out.append(
-            f"    at rest ({r['duration']:.3g} s still): {at}; fitted - at rest: {max(z):.1f} errors at most"
+            f"    at rest ({r['duration']:.3g} s still): {_xyz(r['value'], r['sd'])}; "
+            f"fitted - at rest: {max(z):.1f} errors at most"
             + ("" if b.get("rest_agrees", True) else " (contradicts: the bias absorbs model error)")
         )
     return out
@@ -434,8 +441,9 @@ class InertiaFit:
             for src, b in (c.get("bias") or {}).items():  # one gyroscope bias per recording
                 lines += _bias_lines(src if len(c["bias"]) > 1 else "", b)
             for src, r in (c.get("rest") or {}).items():  # per-window fits with a bias: the readings
-                at = ", ".join(f"{a} {pm(v, e)}" for a, v, e in zip("xyz", r["value"], r["sd"]))
-                lines.append(f"  gyroscope at rest (rad/s) of {src} ({r['duration']:.3g} s still): {at}")
+                lines.append(
+                    f"  gyroscope at rest (rad/s) of {src} ({r['duration']:.3g} s still): {_xyz(r['value'], r['sd'])}"
+                )
             off = [str(i) for i, s in enumerate(self.segments) if s.get("rest_agrees") is False]
             if off:
                 lines.append(

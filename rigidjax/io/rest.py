@@ -74,8 +74,11 @@ class Rest:
 
 
 def noise_sigma(omega: np.ndarray) -> float:
-    """Gyroscope noise, rad/s: robust std of second differences (white noise: var 6 sigma^2),
-    taken over the calmest half of the recording (held still or lying down)."""
+    """Gyroscope white noise, rad/s per axis: the robust standard deviation of the second
+    differences of ``omega`` (``(n, 3)``, rad/s, finite; white noise gives variance
+    ``6 sigma^2``), over the calmest half of the recording (held still or lying down); 0.0 for
+    fewer than 3 samples. Used by :func:`rest_reading` and
+    :func:`rigidjax.io.detect.detect_flights`."""
     d2 = np.linalg.norm(omega[2:] - 2 * omega[1:-1] + omega[:-2], axis=1)
     if d2.size == 0:
         return 0.0
@@ -141,7 +144,8 @@ def rest_reading(
     # still block of a noiseless or coarsely quantised gyroscope varies by no more than that
     steps = np.abs(np.diff(omega, axis=0))
     lsb = float(np.min(steps[steps > 0])) if np.any(steps > 0) else 0.0
-    sigma = max(noise_sigma(omega), lsb / np.sqrt(12.0), 1e-9)
+    rounding = max(lsb / np.sqrt(12.0), 1e-9)
+    sigma = max(noise_sigma(omega), rounding)
     pauses = np.asarray(pauses, float)
     pauses = pauses[np.isfinite(pauses)]
     means, spreads, spans = [], [], []
@@ -160,7 +164,7 @@ def rest_reading(
     value = np.median(means, axis=0)
     # at least the noise of one block's mean, and the rounding of a quantised gyroscope (which
     # averaging does not remove where the noise is below one step) and 1e-9 rad/s
-    floor = np.maximum(np.sqrt(np.mean(spreads, axis=0) / per), max(lsb / np.sqrt(12.0), 1e-9))
+    floor = np.maximum(np.sqrt(np.mean(spreads, axis=0) / per), rounding)
     sd = np.maximum(1.4826 * np.median(np.abs(means - value), axis=0), floor) if len(means) >= 3 else floor
     value.setflags(write=False)
     sd.setflags(write=False)
