@@ -113,6 +113,37 @@ def test_rate_rollout_equals_the_whole_state_rollout():
     assert np.abs(J1).max() > 0
 
 
+def test_rows_of_a_call_step_only_to_its_longest_segment():
+    """The body-rate program steps a call's rows to the longest real segment among them, not
+    to the padded length: a short problem's residuals, statuses and Jacobian are the same
+    alone and beside a longer problem (1e-13 relative: a call of another width is vectorised
+    differently; padding that entered a real sample would change it at order 1), and its
+    padded samples are 0."""
+    long = _problem()
+    short = dataclasses.replace(
+        long,
+        segments=[
+            dataclasses.replace(s, t=s.t[:25], data={"omega": s.data["omega"][:25]}, inputs=s.inputs[:24])
+            for s in long.segments
+        ],
+    )
+    layout = _Layout(short)
+    _, arrays = _program._stack_many([short, long], jnp.float64, 40)
+    run = _program._program(short, layout, jnp.float64)
+    X = _points(short)
+    alone = [np.asarray(a) for a in run(arrays, jnp.asarray(X), jnp.zeros(2, int))]
+    beside = [np.asarray(a) for a in run(arrays, jnp.asarray(np.concatenate([X, X])), jnp.array([0, 0, 1, 1]))]
+    for a, b in zip(alone, beside):
+        np.testing.assert_allclose(a, b[:2], rtol=1e-13, atol=1e-13 * np.max(np.abs(a)))
+    r = alone[0].reshape(2, 2, 40, 3)  # rows, segments, samples, components
+    assert np.all(r[:, :, 25:] == 0) and np.all(np.abs(r[:, :, :25]).max((-1, -2)) > 0)
+    # stepping the padding too (39 intervals, as a loop over the padded length) changes nothing
+    residuals = _program._residual_fn(short, layout)
+    mine = jax.tree_util.tree_map(lambda a: a[0], arrays)
+    for x in X:
+        np.testing.assert_array_equal(*(np.asarray(residuals(mine, jnp.asarray(x), n)[0]) for n in (24, 39)))
+
+
 def test_rate_rollout_gives_the_steps_statuses():
     # an inertia violating the triangle inequality: INVALID_INPUT from the first step
     fast, slow = _problem(), _problem(signals=_whole_state)
@@ -447,12 +478,13 @@ def test_jacobian_blocks_equal_jax_jacfwd(signals):
     _, arrays = _program._stack_many([p], jnp.float64, 40)
     residuals = _program._residual_fn(p, layout)
     mine = jax.tree_util.tree_map(lambda a: a[0], arrays)
+    trip = int(np.max(np.sum(np.asarray(mine[6]), -1)))  # the longest segment's sample intervals
     r, _, J = _evaluate(p, X)
     normal = _program._program(p, layout, jnp.float64, jacobian="normal")
     cost, A, g, _, finite = (np.asarray(a) for a in normal(arrays, jnp.asarray(X), jnp.zeros(len(X), int)))
     assert np.all(finite)
     for i, x in enumerate(X):
-        dense = np.asarray(jax.jacfwd(lambda y: residuals(mine, y)[0].reshape(-1))(jnp.asarray(x)))
+        dense = np.asarray(jax.jacfwd(lambda y: residuals(mine, y, trip)[0].reshape(-1))(jnp.asarray(x)))
         scale = np.abs(dense).max()
         np.testing.assert_allclose(J[i], dense, rtol=1e-13, atol=1e-13 * scale)
         np.testing.assert_allclose(A[i], dense.T @ dense, rtol=1e-12, atol=1e-12 * scale**2)

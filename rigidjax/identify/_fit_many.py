@@ -146,9 +146,9 @@ def _many(
         if isinstance(lay, ValueError):
             raise ValueError(f"fit_many: problems[{i}]: {lay}")
     _check_same_structure(typed, layouts, dtype, "fit_many")
-    # one program for all (the sub-steps are data), the problems ordered by sub-steps: a
-    # call's rows run the most sub-steps among them
-    idx = sorted(range(W), key=lambda w: np.max(problems[w].substeps))
+    # one program for all (the sub-steps are data), the problems ordered by sub-steps, then
+    # length: a call's rows run the most sub-steps and the longest segment among them
+    idx = sorted(range(W), key=lambda w: (np.max(problems[w].substeps), max(len(s.t) for s in problems[w].segments)))
     part = [typed[w] for w in idx]
     hook = []
     try:

@@ -189,9 +189,10 @@ def _fit(
     N = _common_length(problems, pad_to)
     # too few measured values for a standard error (result's rule: m >= 2 P), counting each
     # weighted sample's residual components: unidentifiable before any compilation
-    few, counted = {}, {}
+    few, counted, stacked = {}, {}, []
     for w, p in enumerate(problems):
         st_w = _stack_segments(p, dtype, N)
+        stacked.append(st_w)
         m = int(
             sum(np.sum(wo > 0) * o.residual_size(obs.data_width(p, o)) for o, wo in zip(p.observations, st_w.weights))
         )
@@ -208,7 +209,7 @@ def _fit(
             _failed(p, lay, x, starts, few[w], dtype, FitStatus.UNIDENTIFIABLE, counted[w])
             for w, (p, lay, x) in enumerate(zip(problems, layouts, x0))
         ]
-    stacked, run, evaluate, run_one = _evaluator(problems, layout, dtype, N, starts)
+    stacked, run, evaluate, run_one = _evaluator(problems, layout, dtype, N, starts, stacked=stacked)
     W = len(problems)
 
     x0 = np.stack([lay.start() for lay in layouts])
@@ -252,7 +253,7 @@ def _fit(
     # second phase in calls of its kept rows (another compilation, repaid within a few calls)
     evaluate_then = evaluate
     if kept < starts and W * kept < call_rows(W, starts) and heavy(layout, N):
-        evaluate_then = _evaluator(problems, layout, dtype, N, starts, rows=W * kept)[2]
+        evaluate_then = _evaluator(problems, layout, dtype, N, starts, rows=W * kept, stacked=stacked)[2]
     st = _two_phase(
         evaluate,
         X0,
@@ -275,7 +276,7 @@ def _fit(
 
     # the step check's residuals at twice the steps, at every problem's optimum in one call
     # (and of a refit's problems), through the fit's own program in calls of the fit's rows
-    finer_at = finer_caller(problems, layout, dtype, N, call_rows(W, starts)) if step_check != "off" else None
+    finer_at = finer_caller(problems, layout, dtype, N, call_rows(W, starts), stacked) if step_check != "off" else None
     # the sub-steps as data: a refinement's refits and checks through this program (its shapes)
     shared = (W, call_rows(W, starts)) if step_check != "off" else None
     finer = finer_at(st["x"][rows], np.arange(W)) if finer_at is not None else None

@@ -63,14 +63,16 @@ def _common_length(problems, pad_to: int | None) -> int:
     return longest if pad_to is None else int(pad_to)
 
 
-def _stack_many(problems, dtype, N: int):
-    """``(stacked per problem, arrays)``: each problem's :class:`_Stacked` at length ``N``, and
-    their :meth:`_Stacked.arrays` stacked along a new leading axis (one row per problem)."""
-    once = {}  # a problem repeated (the step refinement fills every row with one) stacked once
-    for p in problems:
-        if id(p) not in once:
-            once[id(p)] = _stack_segments(p, dtype, N)
-    stacked = [once[id(p)] for p in problems]
+def _stack_many(problems, dtype, N: int, stacked=None):
+    """``(stacked per problem, arrays)``: each problem's :class:`_Stacked` at length ``N`` (or
+    ``stacked``, already made by the caller), and their :meth:`_Stacked.arrays` stacked along
+    a new leading axis (one row per problem)."""
+    if stacked is None:
+        once = {}  # a problem repeated (the step refinement fills every row with one) stacked once
+        for p in problems:
+            if id(p) not in once:
+                once[id(p)] = _stack_segments(p, dtype, N)
+        stacked = [once[id(p)] for p in problems]
     # stacked in NumPy, moved once per array: jnp.stack, jnp.repeat and even jnp.asarray bind
     # an operation that is compiled once per shape in every process (~0.7 s of a repeated
     # command's fit of a torque CSV)
@@ -135,12 +137,18 @@ def _stack_segments(problem, dtype, pad_to: int | None = None) -> _Stacked:
     )
 
 
-def _rate_rollout(rate, omega0, dts, inputs, k):
-    """``(omega (n + 1, 3), status (n,))``: :func:`_rate_step`'s step over the sample intervals
-    ``dts (n,)``, each in ``k`` equal sub-steps (``k`` a traced integer) under the torques
-    ``inputs[:, 3:]`` (or none) held over the interval, with :func:`rigidjax.rollout`'s rule
-    after a failure (the rate held, the failure's code repeated); a sample interval's status
-    is the largest code of its sub-steps."""
+def _rate_rollout(rate, omega0, dts, inputs, k, trip):
+    """``(omega (n + 1, 3), status (n,))``: :func:`_rate_step`'s step over the first ``trip``
+    of the sample intervals ``dts (n,)`` (a traced integer; later entries stay 0), each in
+    ``k`` equal sub-steps (traced too) under the torques ``inputs[:, 3:]`` (or none) held
+    over the interval, with :func:`rigidjax.rollout`'s rule after a failure (the rate held,
+    the failure's code repeated); a sample interval's status is the largest code of its
+    sub-steps. ``trip`` is the longest segment among a call's rows (:func:`_program`): the
+    segments are padded to the longest of the fit, so a loop over all ``n`` intervals
+    stepped the shorter ones' padding too (the 69 shared racquet flips, 51 to 119 samples,
+    ordered by sub-steps and length in :func:`rigidjax.identify.fit_many`: warm
+    ``fit_inertia`` per window 1.09-1.10 -> 1.02-1.07 s CPU pinned to one core, estimates
+    bit for bit the same)."""
     codes = jnp.asarray([int(c) for c in FAILURES], jnp.int32)
 
     def sub(_, carry):
@@ -152,21 +160,26 @@ def _rate_rollout(rate, omega0, dts, inputs, k):
         fail = jnp.where(jnp.isin(status, codes), status, 0).astype(jnp.int32)
         return w1, fail, jnp.maximum(worst, status), h, tau
 
-    def body(carry, xs):
-        w, fail = carry
-        h, u = xs
-        tau = None if u is None else u[3:]
+    def interval(carry):
+        i, w, fail, ws, status = carry
+        tau = None if inputs is None else inputs[i, 3:]
+        h = dts[i]
         w1, fail, worst, _, _ = jax.lax.fori_loop(0, k, sub, (w, fail, zeros_like_batch(w), h / k.astype(h.dtype), tau))
-        return (w1, fail), (w1, worst)
+        return i + 1, w1, fail, ws.at[i + 1].set(w1), status.at[i].set(worst)
 
-    _, (ws, status) = jax.lax.scan(body, (omega0, zeros_like_batch(omega0)), (dts, inputs))
-    return jnp.concatenate([omega0[None], ws]), status
+    n = dts.shape[0]
+    ws = jnp.zeros((n + 1,) + omega0.shape, omega0.dtype).at[0].set(omega0)
+    carry = (jnp.zeros((), jnp.int32), omega0, zeros_like_batch(omega0), ws, jnp.zeros((n,), jnp.int32))
+    _, _, _, ws, status = jax.lax.while_loop(lambda c: c[0] < trip, interval, carry)
+    return ws, status
 
 
 def _residual_fn(problem, layout):
-    """``residuals(arrays, x) -> (r (S, N, c) weighted, status (S,))`` for one unknown
+    """``residuals(arrays, x, trip) -> (r (S, N, c) weighted, status (S,))`` for one unknown
     vector (``arrays``: :meth:`_Stacked.arrays`): the rollouts' first failure per segment within
-    its real steps (``Status.SUCCESS`` where every step succeeded). Padded samples give 0.
+    its real steps (``Status.SUCCESS`` where every step succeeded). Padded samples give 0
+    (the body-rate rollout steps the first ``trip`` sample intervals only, see
+    :func:`_rate_rollout`; ``trip`` at least every segment's real intervals).
     Where the observations read only the body rate and the stepper can advance it alone
     (:func:`_rate_step`), only the rate is rolled out (free-body gyroscope problems: measured
     at ~2x faster residuals and Jacobians than rolling out the whole state). Either way the
@@ -179,7 +192,7 @@ def _residual_fn(problem, layout):
     nz, ng, S = layout.nz, layout.n_global, layout.S
     uncoupled = _uncoupled(problem, layout)
 
-    def residuals(arrays, x):
+    def residuals(arrays, x, trip):
         t, dt, data, weights, state0, inputs, steps, ks = arrays
         model = layout.model(x)
         _, sensor = layout.values(x)
@@ -194,7 +207,7 @@ def _residual_fn(problem, layout):
                 traj = rollout(problem.stepper, model, st0, dts, dts.shape[0], u, substeps=ki)
                 sig, step_status = problem.signals(model, traj.states), traj.info.status
             else:
-                omega, step_status = _rate_rollout(rate, st0.angular_velocity, dts, u, ki)
+                omega, step_status = _rate_rollout(rate, st0.angular_velocity, dts, u, ki, trip)
                 sig = {"angular_velocity": omega}
             rs = []
             for o, p, wi in zip(observations, sensor, w):
@@ -235,12 +248,16 @@ def _program(problem, layout, dtype, jacobian: bool | str = True):
     tangents = _segment_tangents(layout.n_global, layout.nz, layout.S)
 
     def jac_all(arrays, X, which):
+        # the sample intervals of the longest segment among the call's rows (the rest are
+        # padding; arrays: _Stacked.arrays(), steps (problems, S, N - 1) True at real ones)
+        trip = jnp.max(jnp.sum(arrays[6][which], axis=-1))
+
         def one(x, i):
             mine = jax.tree_util.tree_map(lambda a: a[i], arrays)
-            r, status = residuals(mine, x)
+            r, status = residuals(mine, x, trip)
             if not jacobian:
                 return r.reshape(-1), status
-            Jg, Jz = _jacobian_blocks(lambda y: residuals(mine, y)[0], x, tangents, layout.n_global)
+            Jg, Jz = _jacobian_blocks(lambda y: residuals(mine, y, trip)[0], x, tangents, layout.n_global)
             if jacobian != "normal":
                 return r.reshape(-1), status, _dense(Jg, Jz)
             finite = jnp.all(jnp.isfinite(r)) & jnp.all(jnp.isfinite(Jg)) & jnp.all(jnp.isfinite(Jz))
@@ -402,7 +419,7 @@ def call_rows(problems: int, starts: int) -> int:
     return min(problems * starts, max(starts, CHUNK_ROWS))
 
 
-def _evaluator(problems, layout, dtype, N: int, starts: int, rows: int | None = None):
+def _evaluator(problems, layout, dtype, N: int, starts: int, rows: int | None = None, stacked=None):
     """``(stacked, run, evaluate, run_one)`` of ``problems`` (one structure, see
     :func:`_program`; ``layout`` of the first), padded to ``N`` samples: ``stacked`` per
     problem; ``run(X, which) -> (r, status, J)`` of points ``X`` of problems ``which``;
@@ -410,8 +427,9 @@ def _evaluator(problems, layout, dtype, N: int, starts: int, rows: int | None = 
     batch is problem ``i // starts``); ``run_one(w)(X)``: ``run`` of problem ``w`` alone. Every
     call runs in calls of one shape (:data:`CHUNK_ROWS` rows, at least ``starts``, at most
     every start of every problem; or ``rows``; and :data:`SMALL_ROWS` for the last few points
-    of a fit of many): at most two compilations whatever the number of points."""
-    stacked, arrays = _stack_many(problems, dtype, N)
+    of a fit of many): at most two compilations whatever the number of points. ``stacked``:
+    the problems' :class:`_Stacked` where the caller has them."""
+    stacked, arrays = _stack_many(problems, dtype, N, stacked)
     jac_all = _program(problems[0], layout, dtype)
     rows = call_rows(len(problems), starts) if rows is None else rows
     call = _caller(jac_all, arrays, dtype)

@@ -101,7 +101,7 @@ def gauss_newton_step(J: np.ndarray, e: np.ndarray) -> np.ndarray:
     return (V[:, keep] / w[keep]) @ (V[:, keep].T @ ((J.T @ np.asarray(e, float)) / d)) / d
 
 
-def finer_caller(problems, layout, dtype, N, rows: int | None = None):
+def finer_caller(problems, layout, dtype, N, rows: int | None = None, stacked=None):
     """``finer(X, which) -> (r_2k, ok)``: the weighted residuals of problems ``which`` at the
     points ``X`` with twice their sub-steps (``ok``: every step succeeded), through one
     program over all of ``problems``' data in calls of ``rows`` rows (default: the problems,
@@ -109,9 +109,13 @@ def finer_caller(problems, layout, dtype, N, rows: int | None = None):
     problems, batched (one call per window: ~6 ms each), and later checks of single problems
     of that fit (a refit) without a program compiled for them alone. The sub-steps are data,
     so the fit's own Jacobian program serves (``rows``: the fit's) and the check compiles
-    nothing (the 69 racquet flips: ~1.5 s of tracing and compilation saved)."""
+    nothing (the 69 racquet flips: ~1.5 s of tracing and compilation saved). ``stacked``:
+    ``problems``' :class:`~rigidjax.identify._program._Stacked` where the caller has them
+    (their sub-steps doubled here instead of stacking the segments again)."""
     finer = [dataclasses.replace(p, substeps=doubled(p.substeps)) for p in problems]
-    _, arrays = _stack_many(finer, dtype, N)
+    if stacked is not None:
+        stacked = [dataclasses.replace(s, k=2 * s.k) for s in stacked]
+    _, arrays = _stack_many(finer, dtype, N, stacked)
     call = _caller(_program(finer[0], layout, dtype), arrays, dtype)
     rows = min(len(problems), CHUNK_ROWS) if rows is None else rows
 
