@@ -93,6 +93,7 @@ error for a quantity the data determine only to within that interval.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -331,8 +332,12 @@ class Problem:
 
 
 #: The value shapes :func:`_check_parameter` found, by :func:`_shape_key` (the transform's
-#: ``forward`` and ``into`` op by op: ~0.8 ms per problem, 69 window problems of fit_inertia).
-_VALUE_SHAPES: dict = {}
+#: ``forward`` and ``into`` op by op: ~0.8 ms per problem, 69 window problems of fit_inertia),
+#: the most recent :data:`_VALUE_SHAPES_KEPT`. Like the compiled programs (keyed by the same
+#: objects), it takes a transform's ``forward`` and an ``into`` for pure functions: one whose
+#: output shape changes with outside state between fits is not checked again.
+_VALUE_SHAPES: collections.OrderedDict = collections.OrderedDict()
+_VALUE_SHAPES_KEPT = 64
 
 
 def _shape_key(p: Parameter, like, u):
@@ -364,8 +369,12 @@ def _check_parameter(name: str, p: Parameter, model):
             if p.into is not None:
                 value = p.into(value)
             shapes = [np.shape(a) for a in jax.tree_util.tree_leaves(value)]
-            if key is not None and len(_VALUE_SHAPES) < 256:
+            if key is not None:
                 _VALUE_SHAPES[key] = shapes
+                while len(_VALUE_SHAPES) > _VALUE_SHAPES_KEPT:
+                    _VALUE_SHAPES.popitem(last=False)
+        else:
+            _VALUE_SHAPES.move_to_end(key)
     except Exception as e:  # bad start value or shape: say which parameter (and what failed, unless a ValueError)
         why = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
         raise ValueError(f"Parameter {name!r}: {why}") from None

@@ -474,8 +474,8 @@ def _window_parameters(spec: Spec, start: dict) -> dict:
 
 
 def _window_segment(s, omega0=None) -> MeasuredSegment:
-    """Window ``s`` as a segment from ``t = 0``, its initial rate ``omega0`` (default: the
-    first sample) put into one shared state (a ``RigidBodyState`` built per window: 1.7 ms)."""
+    """Window ``s`` as a segment from ``t = 0``, its initial rate ``omega0`` (default: the first sample)
+    in a copy of one built state (NumPy; other leaves shared, read-only; built per window: 1.7 ms)."""
     w0 = np.asarray(s.omega[0] if omega0 is None else omega0)
     w0 = w0.astype(w0.dtype if np.issubdtype(w0.dtype, np.floating) else float)
     state0 = eqx.tree_at(lambda st: st.angular_velocity, _identity_state(w0.dtype.str), w0)
