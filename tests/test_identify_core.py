@@ -129,6 +129,78 @@ def test_lm_reports_max_steps_honestly():
         assert st["opt"][0] > _lm.opt_tol(2.2e-16)
 
 
+def _large_residual(lams):
+    """``evaluate`` of ``1/2 sum_i (x_i + 1)^2 + (lam_i x_i^2 + x_i - 1)^2`` (Nocedal & Wright,
+    Numerical Optimization, 2nd ed., sec. 10.3): its minimum is ``x = 0`` at cost ``len(lams)``,
+    where Gauss-Newton converges linearly with rate ``lam_i`` in coordinate ``i`` (the
+    residual's curvature, which ``J^T J`` leaves out, is ``2 lam_i`` of the Hessian's
+    ``2 - 2 lam_i``)."""
+    lams = np.asarray(lams, float)
+
+    def evaluate(x, rows):
+        r1, r2 = x + 1.0, lams * x * x + x - 1.0
+        j2 = 2 * lams * x + 1.0
+        A = np.einsum("ai,ij->aij", 1.0 + j2 * j2, np.eye(len(lams)))
+        g = r1 + r2 * j2
+        cost = 0.5 * np.sum(r1 * r1 + r2 * r2, 1)
+        return cost, A, g, np.ones(len(x), bool), np.zeros((len(x), 1))
+
+    return evaluate
+
+
+def test_lm_extrapolates_a_linear_gauss_newton_tail(monkeypatch):
+    """On a large-residual problem Gauss-Newton converges linearly (rates 0.9 and 0.3 here);
+    the extrapolated trial (Aitken's sum of the geometric steps) reaches the same minimum,
+    x = 0 (exact), in far fewer iterations, and every accepted point lowers the cost."""
+    evaluate = _large_residual([0.9, 0.3])
+    costs = []
+
+    def recorded(x, rows):
+        out = evaluate(x, rows)
+        costs.append(out[0])
+        return out
+
+    inf = np.full((1, 2), np.inf)
+    st = _lm.solve(recorded, np.array([[1.0, 1.0]]), np.arange(1), -inf, inf, eps=2.2e-16, max_steps=500)
+    monkeypatch.setattr(_lm, "EXTRAPOLATE_MAX", 1.0)  # factors below 1.5 are never tried
+    plain = _lm.solve(evaluate, np.array([[1.0, 1.0]]), np.arange(1), -inf, inf, eps=2.2e-16, max_steps=500)
+    assert st["status"][0] == plain["status"][0] == _lm.LMStatus.CONVERGED
+    # a relative decrement below 1e-10 at cost 2 with curvature >= 0.2 leaves |x| below ~1e-4
+    np.testing.assert_allclose(st["x"][0], 0.0, atol=1e-4)
+    np.testing.assert_allclose(st["cost"][0], 2.0, rtol=1e-9)
+    assert st["it"][0] <= plain["it"][0] / 2, (st["it"][0], plain["it"][0])
+    # every evaluation after the start is of a trial; the kept costs never rise
+    kept = np.minimum.accumulate([np.min(c) for c in costs])
+    assert st["cost"][0] == kept[-1]
+
+
+def test_lm_stops_starts_that_cannot_reach_a_converged_start_of_their_problem(monkeypatch):
+    """Three starts of one group: one at its minimum (cost 0.25), one descending to the same
+    minimum from afar, one crawling linearly (rate 0.95, not extrapolated here) towards a
+    minimum at cost 1. The crawl stops as ``OUTRUN`` (it cannot reach 0.25), the descent
+    does not; without groups the crawl runs to its own minimum, above the best."""
+    monkeypatch.setattr(_lm, "EXTRAPOLATE_MAX", 1.0)
+    crawl = _large_residual([0.95])
+    near = _linear_problem(np.array([[1.0], [1.0]]), np.array([0.0, 1.0]))  # x = 0.5, cost 0.25
+
+    def evaluate(x, rows):
+        parts = [(crawl if r == 1 else near)(x[i : i + 1], rows[i : i + 1]) for i, r in enumerate(rows)]
+        return tuple(np.concatenate([p[k] for p in parts]) for k in range(5))
+
+    x0, rows = np.array([[0.5], [2.0], [40.0]]), np.array([0, 1, 2])
+    inf = np.full((3, 1), np.inf)
+    st = _lm.solve(evaluate, x0, rows, -inf, inf, eps=2.2e-16, max_steps=500, groups=np.zeros(3, int))
+    alone = _lm.solve(evaluate, x0, rows, -inf, inf, eps=2.2e-16, max_steps=500)
+    assert list(st["status"]) == [_lm.LMStatus.CONVERGED, _lm.LMStatus.OUTRUN, _lm.LMStatus.CONVERGED]
+    assert list(alone["status"]) == [_lm.LMStatus.CONVERGED] * 3
+    assert st["it"][1] < alone["it"][1] / 4, (st["it"][1], alone["it"][1])
+    np.testing.assert_allclose(st["cost"][[0, 2]], 0.25, rtol=1e-12)
+    # above the best, so never the best; a crawl at rate 0.95 stops with up to ~1e-10 / (1 -
+    # 0.95) of relative cost still to descend
+    np.testing.assert_allclose(alone["cost"][1], 1.0, rtol=1e-8)
+    np.testing.assert_array_equal(st["x"][[0, 2]], alone["x"][[0, 2]])
+
+
 @pytest.mark.parametrize("n", [5, 6, 9, 10, 17, 40])
 def test_median_interval_coverage_is_the_binomial_one(n):
     x = np.arange(n, dtype=float)

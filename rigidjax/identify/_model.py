@@ -369,11 +369,11 @@ def lanes(n_pad: int) -> int:
 SMALL_LANES = 4
 
 
-def lane_chunks(n: int, Q: int) -> list[tuple[int, int]]:
+def lane_chunks(n: int, Q: int, small: int = SMALL_LANES) -> list[tuple[int, int]]:
     """Split ``n`` lanes into calls ``(start, lanes of the call)``: full calls of ``Q`` lanes,
-    then the remainder in calls of :data:`SMALL_LANES` when at most two of them hold it,
+    then the remainder in calls of ``small`` lanes when at most two of them hold it,
     else one more call of ``Q``. Two call shapes: two compilations, whatever ``n``."""
-    small = min(SMALL_LANES, Q)
+    small = min(small, Q)
     out = []
     c0 = 0
     while n - c0 >= Q:

@@ -370,10 +370,20 @@ def _fit(
 def _two_phase(evaluate, X, rows, lo, hi, n, keep, eps, first, then, progress, evaluate_then=None) -> dict:
     """:func:`_lm.solve` from the starts ``X`` (consecutive groups of ``n`` per problem): every
     start ``first`` iterations, then the ``keep`` lowest-cost of each group ``then`` more
-    (``then == 0``: one call; through ``evaluate_then`` where given). Returns the state of the
-    kept rows (``keep`` per group, in group order)."""
+    (``then == 0``: one call; through ``evaluate_then`` where given). A start stops where it
+    cannot reach a converged start of its group (:func:`_lm._outrun`). Returns the state of
+    the kept rows (``keep`` per group, in group order)."""
     st = _lm.solve(
-        evaluate, np.clip(X, lo, hi), rows, lo, hi, eps=eps, max_steps=first, running_scale=True, progress=progress
+        evaluate,
+        np.clip(X, lo, hi),
+        rows,
+        lo,
+        hi,
+        eps=eps,
+        max_steps=first,
+        running_scale=True,
+        progress=progress,
+        groups=np.arange(len(X)) // n,
     )
     if keep < n:
         c1 = np.where(st["ok"], st["cost"], np.inf).reshape(-1, n)

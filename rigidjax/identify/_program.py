@@ -16,6 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ..info import FAILURES, Status
 from ..rollout import rollout
 from ..numerics import zeros_like_batch
+from ._model import lane_chunks
 from ._program_key import _rate_step, _sigma_as_data, _stable_key, _structure, _uncoupled, _unit_sigma
 from ._stored import stored
 from .observations import data_of, reads
@@ -255,10 +256,10 @@ def _program(problem, layout, dtype, jacobian: bool | str = True):
 
         def one(x, i):
             mine = jax.tree_util.tree_map(lambda a: a[i], arrays)
-            r, status = residuals(mine, x, trip)
             if not jacobian:
+                r, status = residuals(mine, x, trip)
                 return r.reshape(-1), status
-            Jg, Jz = _jacobian_blocks(lambda y: residuals(mine, y, trip)[0], x, tangents, layout.n_global)
+            r, status, Jg, Jz = _jacobian_blocks(lambda y: residuals(mine, y, trip), x, tangents, layout.n_global)
             if jacobian != "normal":
                 return r.reshape(-1), status, _dense(Jg, Jz)
             finite = jnp.all(jnp.isfinite(r)) & jnp.all(jnp.isfinite(Jg)) & jnp.all(jnp.isfinite(Jz))
@@ -295,14 +296,25 @@ def _segment_tangents(ng: int, nz: int, S: int) -> np.ndarray:
 
 
 def _jacobian_blocks(f, x, tangents, ng: int):
-    """The Jacobian of ``f(x) -> r (S, N, c)`` (segments ``S``) in blocks: ``Jg (S, N c, ng)``
-    in the global unknowns, ``Jz (S, N c, nz)`` in each segment's own initial state, by
-    ``ng + nz`` forward-mode tangents (:func:`_segment_tangents`) instead of the ``ng + S nz``
-    of ``jax.jacfwd``: a joint fit of 62 racquet windows (2 + 3 x 62 unknowns) pushes 5
-    tangents through every window, not 188."""
-    out = jax.vmap(lambda t: jax.jvp(f, (x,), (t,))[1])(jnp.asarray(tangents, x.dtype))  # (ng + nz, S, N, c)
+    """``(r, aux, Jg, Jz)``: the values of ``f(x) -> (r (S, N, c), aux)`` (segments ``S``) and
+    the Jacobian of ``r`` in blocks: ``Jg (S, N c, ng)`` in the global unknowns, ``Jz (S, N c,
+    nz)`` in each segment's own initial state, by ``ng + nz`` forward-mode tangents
+    (:func:`_segment_tangents`) instead of the ``ng + S nz`` of ``jax.jacfwd``: a joint fit of
+    62 racquet windows (2 + 3 x 62 unknowns) pushes 5 tangents through every window, not 188.
+    ``r`` and ``aux`` are the primal of the same forward pass (not batched over the tangents),
+    not a rollout of their own: the rollout's loop once, where evaluating ``f`` beside the
+    tangents compiled a second loop (XLA:CPU runs every loop iteration's kernels one by one,
+    so a short call's cost is mostly the kernels' count; measured on the 69 shared flips,
+    ``fit_inertia`` per window, warm, pinned to one core: a call of one row 1.1 -> 0.9 ms,
+    of 32 rows 29 -> 26 ms, the compiled calls 0.50 -> 0.48 s in all)."""
+
+    def push(t):
+        r, dr, aux = jax.jvp(f, (x,), (t,), has_aux=True)
+        return r, aux, dr
+
+    r, aux, out = jax.vmap(push, out_axes=(None, None, 0))(jnp.asarray(tangents, x.dtype))  # out (ng + nz, S, N, c)
     out = jnp.moveaxis(out.reshape(out.shape[0], out.shape[1], -1), 0, -1)  # (S, N c, ng + nz)
-    return out[..., :ng], out[..., ng:]
+    return r, aux, out[..., :ng], out[..., ng:]
 
 
 def _dense(Jg, Jz):
@@ -361,7 +373,7 @@ CHUNK_ROWS = 32
 #: tail of a fit, a refit's kept starts, one window's step check): a second shape of the same
 #: program, compiled once. A fit's last iterations are often one window's: on the 69 shared
 #: racquet flips (``fit_inertia``, per window) a poor-fit window of round 1 (a large residual,
-#: so Gauss-Newton converges linearly) iterates ~50 times alone in the main fit and again in
+#: so Gauss-Newton converges linearly) iterated ~50 times alone in the main fit and again in
 #: its refit, 123 of 151 calls with at most 4 rows, 42 % of the warm fit's CPU. In calls of 4
 #: (2-core VM, warm, least of three): 1.9 -> 1.2 s wall, 2.9 -> 1.8 s CPU (pinned to one core
 #: 2.0 -> 1.2 s); the first call 5.8 -> 6.3 s wall, 8.0 -> 8.5 s CPU (pinned 5.7 -> 7.3 s: the
@@ -398,17 +410,21 @@ def heavy(layout, N: int) -> bool:
 
 def _chunked(fn, X, which, rows: int):
     """``fn(X, which)`` in calls of ``rows`` rows (the last padded with copies of its first
-    row; at most :data:`SMALL_ROWS` points of calls of :data:`CHUNK_ROWS` in one call of
-    ``SMALL_ROWS``), dispatched before any result is read; the outputs concatenated (NumPy)."""
-    if len(X) <= SMALL_ROWS and rows >= CHUNK_ROWS:
-        rows = SMALL_ROWS
+    row), dispatched before any result is read; the outputs concatenated (NumPy). With
+    ``rows >= CHUNK_ROWS`` the rest after the full calls goes in calls of
+    :data:`SMALL_ROWS` where at most two hold it (:func:`~rigidjax.identify._model.lane_chunks`):
+    a fit's last few points, and the few extrapolated trials of :func:`_lm.solve` beside them."""
+    if rows >= CHUNK_ROWS:
+        chunks = lane_chunks(len(X), rows, SMALL_ROWS)
+    else:
+        chunks = [(c0, rows) for c0 in range(0, len(X), rows)]
     pending = []
-    for c0 in range(0, len(X), rows):
-        Xc, wc = X[c0 : c0 + rows], which[c0 : c0 + rows]
+    for c0, q in chunks:
+        Xc, wc = X[c0 : c0 + q], which[c0 : c0 + q]
         n = len(Xc)
-        if n < rows:
-            Xc = np.concatenate([Xc, np.repeat(Xc[:1], rows - n, 0)])
-            wc = np.concatenate([wc, np.repeat(wc[:1], rows - n)])
+        if n < q:
+            Xc = np.concatenate([Xc, np.repeat(Xc[:1], q - n, 0)])
+            wc = np.concatenate([wc, np.repeat(wc[:1], q - n)])
         pending.append((n, fn(Xc, wc)))
     parts = [[np.asarray(a)[:n] for a in out] for n, out in pending]
     return [np.concatenate(p) for p in zip(*parts)]
