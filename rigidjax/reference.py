@@ -189,19 +189,16 @@ def euler_omega(inertia, omega0, t, *, damping=None, rtol: float = 1e-10):
     inv = np.linalg.inv(J)
     ts = [np.asarray(tb, float) for tb in t]
     span = np.array([max(tb[-1] - tb[0], 0.0) for tb in ts])
+    # omega' in the normalised time: -span I^-1 (omega x I omega + D omega), as one product of
+    # [I^-1 | I^-1 D] (B, 3, 6) with [omega x I omega, omega] (B, 6)
+    M = -span[:, None, None] * np.concatenate([inv, inv @ D], -1)
+    nxt, prv = [1, 2, 0], [2, 0, 1]
 
     def rhs(_s, y):
         w = y.reshape(B, 3)
         Lw = np.einsum("bij,bj->bi", J, w)
-        c = np.stack(
-            [
-                w[:, 1] * Lw[:, 2] - w[:, 2] * Lw[:, 1],
-                w[:, 2] * Lw[:, 0] - w[:, 0] * Lw[:, 2],
-                w[:, 0] * Lw[:, 1] - w[:, 1] * Lw[:, 0],
-            ],
-            1,
-        )
-        return (span[:, None] * np.einsum("bij,bj->bi", inv, -c - np.einsum("bij,bj->bi", D, w))).reshape(-1)
+        c = w[:, nxt] * Lw[:, prv] - w[:, prv] * Lw[:, nxt]
+        return np.einsum("bij,bj->bi", M, np.concatenate([c, w], 1)).reshape(-1)
 
     atol = rtol * 1e-2 * (1.0 + float(np.max(np.linalg.norm(w0, axis=1))))
     if np.all(span == 0):
