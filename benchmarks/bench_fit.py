@@ -638,6 +638,8 @@ def main(argv=None) -> int:
         "cpu_30x_below_scipy_cold": bool(summary["cpu_ratio_cold"] >= 30),
         "cpu_30x_below_scipy_warm": bool(summary["cpu_ratio_warm"] >= 30),
     }
+    if one_core:  # one XLA:CPU thread, as SciPy's one thread: no CPU on the pool's work stealing
+        targets["cpu_30x_below_scipy_warm_one_core"] = bool(summary["cpu_ratio_warm_one_core"] >= 30)
     if why_not is None:
         targets["cpu_5x_below_sysid_cold"] = bool(summary["sysid_cpu_ratio_cold"] >= 5)
         targets["cpu_5x_below_sysid_warm"] = bool(summary["sysid_cpu_ratio_warm"] >= 5)
