@@ -143,7 +143,9 @@ def compare(name, problem, repeats):
     residuals = _residual_fn(problem, layout)
     arrays = _stack_segments(problem, jnp.float64).arrays()
     x0 = jnp.asarray(layout.start())
-    fn = lambda x, _: residuals(arrays, x)[0].reshape(-1)  # noqa: E731
+    # the body-rate rollout steps the longest segment's sample intervals (steps: arrays[6])
+    trip = int(np.max(np.sum(np.asarray(arrays[6]), axis=-1)))
+    fn = lambda x, _: residuals(arrays, x, trip)[0].reshape(-1)  # noqa: E731
 
     ours, ours_first, ours_warm = _timed(lambda: identify.fit(problem, starts=1, step_check="off"), repeats)
     solver = optx.LevenbergMarquardt(rtol=1e-10, atol=1e-10)

@@ -47,9 +47,10 @@ Why NumPy and not optimistix: the problems are tiny (2 to a few hundred unknowns
 vmapped call per iteration for the whole batch, and optimistix' LM has no bounds.
 Side by side on the same residuals and starts (``benchmarks/bench_lm.py``, float64, 2-core
 VM): both reach the same cost (to 5e-11 relative) on a known-torque body (9 unknowns), four
-such segments (18) and a variational pendulum (6); this solver in 6, 8 and 16 iterations,
-``optx.LevenbergMarquardt(rtol=atol=1e-10)`` in 31, 32 and 35; warm wall time 0.10, 0.25 and
-0.13 s against 0.27, 0.82 and 0.14 s (first calls, compilation included, 4-6 s both).
+such segments (18) and a variational pendulum (6); this solver in 6, 8 and 17 iterations,
+``optx.LevenbergMarquardt(rtol=atol=1e-10)`` in 30, 33 and 32; warm wall time 0.035, 0.066
+and 0.047 s against 0.074, 0.22 and 0.13 s (first calls, compilation included, 2-3 s both;
+``tests/test_identify_core.py`` checks the first problem's costs agree).
 """
 
 from __future__ import annotations
