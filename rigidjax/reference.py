@@ -164,7 +164,8 @@ def euler_omega(inertia, omega0, t, *, damping=None, rtol: float = 1e-10):
         omega0: ``(3,)`` (or ``(B, 3)``) body rate at the first time, rad/s.
         t: ``(n,)`` increasing times, s (batched: a sequence of ``B`` such arrays).
         damping: ``None``, a scalar (``c I_3``), diagonal ``(3,)`` or a matrix ``(3, 3)``, N m s
-            (batched: a leading ``B``).
+            (batched: one scalar for every body, or a leading ``B``: ``(B,)``, ``(B, 3)``,
+            ``(B, 3, 3)``; other shapes raise ``ValueError``).
         rtol: relative tolerance (default 1e-10: errors ~1e-9 of the rates over a few flips).
 
     Returns:
@@ -180,11 +181,17 @@ def euler_omega(inertia, omega0, t, *, damping=None, rtol: float = 1e-10):
     J = np.asarray(inertia, float)
     J = J[..., :, None] * np.eye(3) if J.shape[-1:] == (3,) and J.ndim == 2 else J
     J = np.broadcast_to(J, (B, 3, 3))
-    D = np.zeros((B, 3, 3)) if damping is None else np.asarray(damping, float)
-    if D.ndim == 1 and D.shape[0] == B:  # scalars per body
+    D = np.asarray(0.0 if damping is None else damping, float)
+    if D.ndim == 0:  # one scalar for every body
+        D = D * np.eye(3)
+    elif D.shape == (B,):  # scalars per body
         D = D[:, None, None] * np.eye(3)
-    elif D.ndim == 2:  # diagonals per body
+    elif D.shape == (B, 3):  # diagonals per body
         D = D[:, :, None] * np.eye(3)
+    elif D.shape != (B, 3, 3):
+        shape = D.shape[1:] if not batched else D.shape
+        want = "a scalar, (3,) or (3, 3)" if not batched else f"a scalar, ({B},), ({B}, 3) or ({B}, 3, 3)"
+        raise ValueError(f"euler_omega: damping of shape {shape}; expected {want} (N m s)")
     D = np.broadcast_to(D, (B, 3, 3))
     inv = np.linalg.inv(J)
     ts = [np.asarray(tb, float) for tb in t]

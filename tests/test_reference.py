@@ -61,3 +61,11 @@ def test_euler_omega_with_drag_against_closed_forms():
     np.testing.assert_allclose(
         both[1], reference.euler_omega(J2, [3.0, 0.2, -1.0], t2, damping=[0.1, 0.2, 0.05]), atol=1e-8
     )
+    # one scalar shared by a batch is c I_3 for every body: two spheres decay as exp(-c t / I)
+    two = reference.euler_omega(np.full((2, 3), 2.0), [[1.0, -2.0, 0.5], [0.0, 1.0, 0.0]], [t, t], damping=0.3)
+    np.testing.assert_allclose(two[1], np.exp(-0.15 * t)[:, None] * [0.0, 1.0, 0.0], rtol=1e-8)
+    # a shape that is neither shared nor per body is refused, not broadcast into a full matrix
+    with pytest.raises(ValueError, match="damping of shape"):
+        reference.euler_omega(
+            np.full((2, 3), 2.0), [[1.0, -2.0, 0.5], [0.0, 1.0, 0.0]], [t, t], damping=[0.1, 0.2, 0.3]
+        )

@@ -253,7 +253,8 @@ def solve(
             it names (with the running scale that descent stops short of the rod).
         groups: ``(nb,)`` non-negative integers, the starts of one problem sharing a value
             (``None``: every start alone): a start stops as :attr:`LMStatus.OUTRUN` once it
-            cannot reach a converged start of its group (see :func:`_outrun`).
+            cannot reach a converged start of its group (see :func:`_outrun`). Read with a
+            new start; a continued ``state`` keeps the groups it was started with.
 
     Returns:
         The state: ``x, cost, A, g, aux, ok, lam, nu, it`` (iterations, all calls),
