@@ -303,8 +303,8 @@ def _jacobian_blocks(f, x, tangents, ng: int):
     62 racquet windows (2 + 3 x 62 unknowns) pushes 5 tangents through every window, not 188.
     ``r`` and ``aux`` are the primal of the same forward pass (not batched over the tangents),
     not a rollout of their own: the rollout's loop once, where evaluating ``f`` beside the
-    tangents compiled a second loop (XLA:CPU runs every loop iteration's kernels one by one,
-    so a short call's cost is mostly the kernels' count; measured on the 69 shared flips,
+    tangents compiled a second loop (XLA:CPU launches each kernel of a loop iteration on its
+    own, so a short call's cost is mostly the kernels' count; measured on the 69 shared flips,
     ``fit_inertia`` per window, warm, pinned to one core: a call of one row 1.1 -> 0.9 ms,
     of 32 rows 29 -> 26 ms, the compiled calls 0.50 -> 0.48 s in all)."""
 
